@@ -1,0 +1,629 @@
+//! The engine shared by every manager this crate ships: the per-key turn queue, the registry of
+//! held locks, guards, spans. A `Backend` supplies only "take the lock on the shared server" and
+//! "let it go", so the rules that make guards and cancellation safe are written once.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, timeout_at};
+use tracing::{Instrument, Span, field::Empty};
+
+use crate::telemetry::{self, outcome, via};
+use crate::{Error, GuardBackend, LockGuard, LockInfo, Result, lock_id};
+
+/// One acquisition request, as the backend sees it.
+#[derive(Debug)]
+pub(crate) struct Request<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) lock_id: i64,
+    /// What the caller asked for; `Some(ZERO)` means exactly one immediate attempt.
+    pub(crate) timeout: Option<Duration>,
+    /// `timeout` turned into an instant when the call started.
+    pub(crate) deadline: Option<Instant>,
+}
+
+/// What a manager needs from the shared lock server.
+#[async_trait]
+pub(crate) trait Backend: Send + Sync + 'static {
+    /// Whatever keeps a granted lock alive. Dropping it must free the lock (possibly later, in
+    /// the background), and must never let a resource that may still hold it be reused.
+    type Session: Send + 'static;
+
+    /// Waits for the lock as `req` says.
+    async fn lock(&self, req: &Request<'_>) -> Result<Self::Session>;
+
+    /// One attempt; `None` when someone else holds the lock.
+    async fn try_lock(&self, req: &Request<'_>) -> Result<Option<Self::Session>>;
+
+    /// Lets the lock go and confirms it.
+    async fn unlock(&self, key: &str, lock_id: i64, session: Self::Session) -> Result<()>;
+}
+
+/// The await points of lock operations, named so tests can stop an operation at each of them
+/// and cancel it there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub, dead_code))]
+pub enum Stage {
+    /// Before waiting for the manager's own turn on the key.
+    Turn,
+    /// Before asking the server for the lock (pool checkout and the wait).
+    Server,
+    /// After the server granted the lock, before the registry records it.
+    Register,
+    /// After the registry forgot the lock, before the unlock is sent.
+    Unlock,
+}
+
+/// A test hook awaited at every [`Stage`]; it may park the operation there.
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub, dead_code))]
+pub type Hook =
+    Arc<dyn Fn(Stage, &str) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync + 'static>;
+
+pub(crate) struct Options {
+    pub(crate) holder_id: Option<String>,
+    pub(crate) tracing: bool,
+    pub(crate) hook: Option<Hook>,
+}
+
+pub(crate) struct Core<B: Backend> {
+    pub(crate) backend: B,
+    state: Mutex<State<B::Session>>,
+    /// Mirrors `state.held.len()` for the synchronous `held_lock_count`; only changed under
+    /// the state lock.
+    held: AtomicUsize,
+    generations: AtomicU64,
+    holder_id: Option<String>,
+    tracing: bool,
+    hook: Option<Hook>,
+}
+
+struct State<S> {
+    held: HashMap<String, Held<S>>,
+    /// One FIFO turn per key: whoever owns the permit is the manager's only
+    /// acquirer/holder of the key, so in-process contenders never open a second session that
+    /// would queue behind (or deadlock on) the first.
+    turns: Slots<String>,
+}
+
+/// A table of one-permit FIFO semaphores created on demand, one per name.
+///
+/// Entries are weak: a semaphore lives as long as someone holds or awaits it, and dead entries
+/// are swept whenever the table has doubled since the last sweep, so the table stays
+/// proportional to the names in use.
+#[derive(Debug)]
+pub(crate) struct Slots<K> {
+    slots: HashMap<K, Weak<Semaphore>>,
+    sweep_at: usize,
+}
+
+impl<K: std::hash::Hash + Eq> Slots<K> {
+    pub(crate) fn new() -> Self {
+        Slots {
+            slots: HashMap::new(),
+            sweep_at: 64,
+        }
+    }
+
+    pub(crate) fn get<Q>(&mut self, name: &Q) -> Arc<Semaphore>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        if let Some(slot) = self.slots.get(name).and_then(Weak::upgrade) {
+            return slot;
+        }
+        let slot = Arc::new(Semaphore::new(1));
+        self.slots.insert(name.to_owned(), Arc::downgrade(&slot));
+        if self.slots.len() >= self.sweep_at {
+            self.slots.retain(|_, slot| slot.strong_count() > 0);
+            self.sweep_at = (self.slots.len() * 2).max(64);
+        }
+        slot
+    }
+}
+
+struct Held<S> {
+    generation: u64,
+    lock_id: i64,
+    // Field order matters: the session (which may still hold the lock) goes before the turn,
+    // so a local waiter never starts before the lock is at least being let go.
+    session: S,
+    turn: OwnedSemaphorePermit,
+}
+
+impl<S> State<S> {
+    fn turn(&mut self, key: &str) -> Arc<Semaphore> {
+        self.turns.get(key)
+    }
+
+    fn take_generation(&mut self, key: &str, generation: u64) -> Option<Held<S>> {
+        match self.held.get(key) {
+            Some(held) if held.generation == generation => self.held.remove(key),
+            _ => None,
+        }
+    }
+}
+
+impl<B: Backend> Core<B> {
+    pub(crate) fn new(backend: B, options: Options) -> Self {
+        Core {
+            backend,
+            state: Mutex::new(State {
+                held: HashMap::new(),
+                turns: Slots::new(),
+            }),
+            held: AtomicUsize::new(0),
+            generations: AtomicU64::new(0),
+            holder_id: options.holder_id,
+            tracing: options.tracing,
+            hook: options.hook,
+        }
+    }
+
+    pub(crate) fn holder_id(&self) -> Option<&str> {
+        self.holder_id.as_deref()
+    }
+
+    pub(crate) fn held_lock_count(&self) -> usize {
+        self.held.load(Ordering::SeqCst)
+    }
+
+    pub(crate) async fn is_held(&self, key: &str) -> bool {
+        self.state.lock().await.held.contains_key(key)
+    }
+
+    async fn checkpoint(&self, stage: Stage, key: &str) {
+        if let Some(hook) = &self.hook {
+            hook(stage, key).await;
+        }
+    }
+
+    pub(crate) async fn acquire(
+        self: &Arc<Self>,
+        key: &str,
+        timeout: Option<Duration>,
+    ) -> Result<LockGuard> {
+        let lock_id = lock_id(key);
+        let span = if self.tracing {
+            tracing::info_span!(
+                telemetry::ACQUIRE_SPAN,
+                { telemetry::KEY } = key,
+                { telemetry::LOCK_ID } = lock_id,
+                { telemetry::TIMEOUT_MS } = Empty,
+                { telemetry::HOLDER_ID } = self.holder_id(),
+                { telemetry::OUTCOME } = Empty,
+                { telemetry::WAITED_MS } = Empty,
+                otel.status_code = Empty,
+            )
+        } else {
+            Span::none()
+        };
+        if let Some(timeout) = timeout {
+            span.record(telemetry::TIMEOUT_MS, duration_ms(timeout));
+        }
+        let mut recorder = Outcome::new(span.clone());
+        let started = Instant::now();
+        let result = self
+            .acquire_traced(key, lock_id, timeout, started)
+            .instrument(span.clone())
+            .await;
+        span.record(telemetry::WAITED_MS, duration_ms(started.elapsed()));
+        match &result {
+            Ok(_) => recorder.finish(outcome::ACQUIRED, false),
+            Err(err) if err.is_timeout() => recorder.finish(outcome::TIMEOUT, false),
+            Err(err) => {
+                tracing::warn!(parent: &span, error = %err, "lock acquisition failed");
+                recorder.finish(outcome::ERROR, true)
+            }
+        }
+        result
+    }
+
+    async fn acquire_traced(
+        self: &Arc<Self>,
+        key: &str,
+        lock_id: i64,
+        timeout: Option<Duration>,
+        started: Instant,
+    ) -> Result<LockGuard> {
+        let deadline = timeout.map(|t| started + t);
+        self.checkpoint(Stage::Turn, key).await;
+        let turn = self.state.lock().await.turn(key);
+        let permit = match timeout {
+            Some(t) if t.is_zero() => turn
+                .try_acquire_owned()
+                .map_err(|_| Error::timeout(key, t))?,
+            Some(t) => timeout_at(started + t, turn.acquire_owned())
+                .await
+                .map_err(|_| Error::timeout(key, t))?
+                .expect("turn semaphores are never closed"),
+            None => turn
+                .acquire_owned()
+                .await
+                .expect("turn semaphores are never closed"),
+        };
+        self.checkpoint(Stage::Server, key).await;
+        let request = Request {
+            key,
+            lock_id,
+            timeout,
+            deadline,
+        };
+        let session = self.backend.lock(&request).await?;
+        self.checkpoint(Stage::Register, key).await;
+        let info = self.info(key, lock_id);
+        let generation = self.register(key, lock_id, session, permit).await;
+        let guard = CoreGuard {
+            core: Arc::clone(self),
+            key: key.to_owned(),
+            generation,
+            armed: true,
+        };
+        Ok(LockGuard::new(info, Box::new(guard)))
+    }
+
+    pub(crate) async fn try_acquire(&self, key: &str) -> Result<Option<LockInfo>> {
+        let lock_id = lock_id(key);
+        let span = if self.tracing {
+            tracing::info_span!(
+                telemetry::TRY_ACQUIRE_SPAN,
+                { telemetry::KEY } = key,
+                { telemetry::LOCK_ID } = lock_id,
+                { telemetry::HOLDER_ID } = self.holder_id(),
+                { telemetry::OUTCOME } = Empty,
+                otel.status_code = Empty,
+            )
+        } else {
+            Span::none()
+        };
+        let mut recorder = Outcome::new(span.clone());
+        let result = self
+            .try_acquire_traced(key, lock_id)
+            .instrument(span.clone())
+            .await;
+        match &result {
+            Ok(Some(_)) => recorder.finish(outcome::ACQUIRED, false),
+            Ok(None) => recorder.finish(outcome::BUSY, false),
+            Err(err) => {
+                tracing::warn!(parent: &span, error = %err, "lock acquisition failed");
+                recorder.finish(outcome::ERROR, true)
+            }
+        }
+        result
+    }
+
+    async fn try_acquire_traced(&self, key: &str, lock_id: i64) -> Result<Option<LockInfo>> {
+        self.checkpoint(Stage::Turn, key).await;
+        let turn = self.state.lock().await.turn(key);
+        let Ok(permit) = turn.try_acquire_owned() else {
+            return Ok(None);
+        };
+        self.checkpoint(Stage::Server, key).await;
+        let request = Request {
+            key,
+            lock_id,
+            timeout: Some(Duration::ZERO),
+            deadline: None,
+        };
+        let Some(session) = self.backend.try_lock(&request).await? else {
+            return Ok(None);
+        };
+        self.checkpoint(Stage::Register, key).await;
+        let info = self.info(key, lock_id);
+        self.register(key, lock_id, session, permit).await;
+        Ok(Some(info))
+    }
+
+    fn info(&self, key: &str, lock_id: i64) -> LockInfo {
+        let mut info = LockInfo::new(key, self.holder_id.clone());
+        debug_assert_eq!(info.lock_id, lock_id);
+        info.lock_id = lock_id;
+        info
+    }
+
+    async fn register(
+        &self,
+        key: &str,
+        lock_id: i64,
+        session: B::Session,
+        turn: OwnedSemaphorePermit,
+    ) -> u64 {
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
+        let held = Held {
+            generation,
+            lock_id,
+            session,
+            turn,
+        };
+        let mut state = self.state.lock().await;
+        // Holding the key's turn makes this the only live acquisition of the key here.
+        let previous = state.held.insert(key.to_owned(), held);
+        debug_assert!(previous.is_none(), "two live acquisitions of one key");
+        self.held.store(state.held.len(), Ordering::SeqCst);
+        generation
+    }
+
+    /// Removes `key` from the registry, whoever acquired it.
+    async fn forget(&self, key: &str) -> Option<Held<B::Session>> {
+        let mut state = self.state.lock().await;
+        let held = state.held.remove(key);
+        self.held.store(state.held.len(), Ordering::SeqCst);
+        held
+    }
+
+    /// Removes `key` from the registry only if it is still the acquisition `generation`.
+    async fn forget_generation(&self, key: &str, generation: u64) -> Option<Held<B::Session>> {
+        let mut state = self.state.lock().await;
+        let held = state.take_generation(key, generation);
+        self.held.store(state.held.len(), Ordering::SeqCst);
+        held
+    }
+
+    pub(crate) async fn release(&self, key: &str) -> Result<()> {
+        let (span, mut recorder) = self.release_span(key, lock_id(key), via::KEY);
+        let Some(held) = self.forget(key).instrument(span.clone()).await else {
+            recorder.finish(outcome::NOT_HELD, false);
+            return Err(Error::NotHeld {
+                key: key.to_owned(),
+            });
+        };
+        self.unlock(key, held, span, recorder).await
+    }
+
+    pub(crate) async fn release_all(&self) -> Result<usize> {
+        let drained: Vec<(String, Held<B::Session>)> = {
+            let mut state = self.state.lock().await;
+            let drained = state.held.drain().collect();
+            self.held.store(0, Ordering::SeqCst);
+            drained
+        };
+        // If this future is dropped part-way, the remaining entries drop with it and their
+        // sessions close, which frees their locks on the server.
+        let mut released = 0;
+        for (key, held) in drained {
+            let (span, recorder) = self.release_span(&key, held.lock_id, via::RELEASE_ALL);
+            if self.unlock(&key, held, span, recorder).await.is_ok() {
+                released += 1;
+            }
+        }
+        Ok(released)
+    }
+
+    async fn release_generation(&self, key: &str, generation: u64, how: &'static str) -> Result<bool> {
+        let (span, mut recorder) = self.release_span(key, lock_id(key), how);
+        match self
+            .forget_generation(key, generation)
+            .instrument(span.clone())
+            .await
+        {
+            Some(held) => self.unlock(key, held, span, recorder).await.map(|()| true),
+            None => {
+                recorder.finish(outcome::ALREADY_RELEASED, false);
+                Ok(false)
+            }
+        }
+    }
+
+    fn release_span(&self, key: &str, lock_id: i64, how: &'static str) -> (Span, Outcome) {
+        let span = if self.tracing {
+            tracing::info_span!(
+                telemetry::RELEASE_SPAN,
+                { telemetry::KEY } = key,
+                { telemetry::LOCK_ID } = lock_id,
+                { telemetry::HOLDER_ID } = self.holder_id(),
+                { telemetry::RELEASE_VIA } = how,
+                { telemetry::OUTCOME } = Empty,
+                otel.status_code = Empty,
+            )
+        } else {
+            Span::none()
+        };
+        let recorder = Outcome::new(span.clone());
+        (span, recorder)
+    }
+
+    /// Unlocks a lock the registry has already forgotten, then lets the next local waiter in.
+    async fn unlock(
+        &self,
+        key: &str,
+        held: Held<B::Session>,
+        span: Span,
+        mut recorder: Outcome,
+    ) -> Result<()> {
+        let Held {
+            lock_id,
+            session,
+            turn,
+            ..
+        } = held;
+        let result = async {
+            self.checkpoint(Stage::Unlock, key).await;
+            self.backend.unlock(key, lock_id, session).await
+        }
+        .instrument(span.clone())
+        .await;
+        drop(turn);
+        match &result {
+            Ok(()) => recorder.finish(outcome::RELEASED, false),
+            Err(err) => {
+                tracing::warn!(parent: &span, error = %err, "lock release unconfirmed");
+                recorder.finish(outcome::ERROR, true);
+            }
+        }
+        result
+    }
+}
+
+/// A guard's handle on its acquisition in the registry.
+struct CoreGuard<B: Backend> {
+    core: Arc<Core<B>>,
+    key: String,
+    generation: u64,
+    /// False once the acquisition was handed to `release` or `leak`.
+    armed: bool,
+}
+
+impl<B: Backend> std::fmt::Debug for CoreGuard<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CoreGuard")
+            .field("key", &self.key)
+            .field("generation", &self.generation)
+            .field("armed", &self.armed)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl<B: Backend> GuardBackend for CoreGuard<B> {
+    async fn release(mut self: Box<Self>) -> Result<bool> {
+        let (span, mut recorder) = self
+            .core
+            .release_span(&self.key, lock_id(&self.key), via::GUARD);
+        // Stay armed until the registry entry is out: if this future is dropped while waiting
+        // for the registry, `Drop` still releases.
+        let held = self
+            .core
+            .forget_generation(&self.key, self.generation)
+            .instrument(span.clone())
+            .await;
+        self.armed = false;
+        match held {
+            Some(held) => self
+                .core
+                .unlock(&self.key, held, span, recorder)
+                .await
+                .map(|()| true),
+            None => {
+                recorder.finish(outcome::ALREADY_RELEASED, false);
+                Ok(false)
+            }
+        }
+    }
+
+    fn leak(mut self: Box<Self>) {
+        self.armed = false;
+    }
+}
+
+impl<B: Backend> Drop for CoreGuard<B> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let core = Arc::clone(&self.core);
+        let key = std::mem::take(&mut self.key);
+        let generation = self.generation;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime to unlock on: drop the entry, which closes its session and so frees
+            // the lock on the server.
+            if let Ok(mut state) = core.state.try_lock() {
+                drop(state.take_generation(&key, generation));
+                core.held.store(state.held.len(), Ordering::SeqCst);
+            }
+            return;
+        };
+        // Forget the entry now when the registry is free, so `is_held` and
+        // `held_lock_count` reflect the drop at once; the unlock itself runs on a task.
+        let forgotten = core.state.try_lock().ok().map(|mut state| {
+            let held = state.take_generation(&key, generation);
+            core.held.store(state.held.len(), Ordering::SeqCst);
+            held
+        });
+        match forgotten {
+            // Already released through the manager: nothing of ours is left.
+            Some(None) => {}
+            Some(Some(held)) => {
+                runtime.spawn(async move {
+                    let (span, recorder) = core.release_span(&key, held.lock_id, via::DROP);
+                    let _ = core.unlock(&key, held, span, recorder).await;
+                });
+            }
+            None => {
+                runtime.spawn(async move {
+                    let _ = core.release_generation(&key, generation, via::DROP).await;
+                });
+            }
+        }
+    }
+}
+
+/// Records a span's outcome when an operation ends, and `cancelled` if it never does.
+pub(crate) struct Outcome {
+    span: Span,
+    done: bool,
+}
+
+impl Outcome {
+    fn new(span: Span) -> Self {
+        Outcome { span, done: false }
+    }
+
+    fn finish(&mut self, outcome: &'static str, failed: bool) {
+        self.span.record(telemetry::OUTCOME, outcome);
+        if failed {
+            self.span.record("otel.status_code", "ERROR");
+        }
+        self.done = true;
+    }
+}
+
+impl Drop for Outcome {
+    fn drop(&mut self) {
+        if !self.done {
+            self.span.record(telemetry::OUTCOME, outcome::CANCELLED);
+        }
+    }
+}
+
+fn duration_ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1000.0
+}
+
+/// Implements [`LockManager`](crate::LockManager) for a manager type that wraps
+/// `core: Arc<Core<_>>`.
+macro_rules! delegate_lock_manager {
+    ($manager:ty) => {
+        #[async_trait::async_trait]
+        impl $crate::LockManager for $manager {
+            async fn acquire(
+                &self,
+                key: &str,
+                timeout: Option<std::time::Duration>,
+            ) -> $crate::Result<$crate::LockGuard> {
+                self.core.acquire(key, timeout).await
+            }
+
+            async fn try_acquire(&self, key: &str) -> $crate::Result<Option<$crate::LockInfo>> {
+                self.core.try_acquire(key).await
+            }
+
+            async fn release(&self, key: &str) -> $crate::Result<()> {
+                self.core.release(key).await
+            }
+
+            async fn release_all(&self) -> $crate::Result<usize> {
+                self.core.release_all().await
+            }
+
+            async fn is_held(&self, key: &str) -> bool {
+                self.core.is_held(key).await
+            }
+
+            fn held_lock_count(&self) -> usize {
+                self.core.held_lock_count()
+            }
+
+            fn holder_id(&self) -> Option<&str> {
+                self.core.holder_id()
+            }
+        }
+    };
+}
+pub(crate) use delegate_lock_manager;

@@ -1,0 +1,247 @@
+//! The crate's error type.
+
+use std::fmt;
+use std::time::Duration;
+
+/// A `Result` whose error is this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in `pglock`.
+///
+/// Every variant carries the lock key it concerns, so a log line alone says which lock failed.
+/// The enum is `#[non_exhaustive]`: match the variants you handle and keep a fallback arm.
+///
+/// # What to do about each
+///
+/// | variant | meaning | typical reaction |
+/// | --- | --- | --- |
+/// | [`AcquisitionFailed`](Error::AcquisitionFailed) with [`AcquireFailure::Timeout`] | someone else held the lock until the deadline | skip this round, or retry later |
+/// | [`AcquisitionFailed`](Error::AcquisitionFailed) with [`AcquireFailure::Database`] | the server refused the statement | inspect the message; often a server-side `lock_timeout` or `statement_timeout` |
+/// | [`PoolExhausted`](Error::PoolExhausted) | every pooled connection was busy until the deadline | size the pool for one connection per held lock, or use a dedicated pool |
+/// | [`Connection`](Error::Connection) | no session could be opened or it broke | the database is unreachable; retry with backoff |
+/// | [`NotHeld`](Error::NotHeld) | `release` of a key this manager does not hold | a bookkeeping bug in the caller, or the lock was already released |
+/// | [`ReleaseFailed`](Error::ReleaseFailed) | the server did not confirm the unlock | nothing to undo: the session was closed, which frees the lock on the server |
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The lock was not acquired: the deadline passed first, or the database refused.
+    ///
+    /// Displays as `Failed to acquire lock '{key}': {reason}`, with the reasons of the Python
+    /// original: `Timeout after {t}s` and `Database error: {e}`.
+    #[error("Failed to acquire lock '{key}': {reason}")]
+    AcquisitionFailed {
+        /// The key that was requested.
+        key: String,
+        /// Why the lock was not acquired.
+        reason: AcquireFailure,
+        /// The timeout the caller asked for, if any.
+        timeout: Option<Duration>,
+        /// The driver error behind a [`AcquireFailure::Database`] reason.
+        #[source]
+        source: Option<sqlx::Error>,
+    },
+
+    /// A release named a key this manager does not hold.
+    ///
+    /// Displays as `Lock '{key}' is not held by this session`.
+    #[error("Lock '{key}' is not held by this session")]
+    NotHeld {
+        /// The key that was named.
+        key: String,
+    },
+
+    /// Every connection of the pool stayed checked out until the deadline.
+    ///
+    /// Each held lock pins one pooled connection for as long as it is held; size the pool (or a
+    /// dedicated lock pool) accordingly.
+    #[error(
+        "Failed to acquire lock '{key}': connection pool exhausted \
+         (all {max_connections} connections in use, waited {waited:?})"
+    )]
+    PoolExhausted {
+        /// The key that was requested.
+        key: String,
+        /// The pool's `max_connections`.
+        max_connections: u32,
+        /// How long the checkout waited before giving up.
+        waited: Duration,
+    },
+
+    /// No database session could be opened, or the session broke mid-operation.
+    #[error("Failed to acquire lock '{key}': connection failed: {reason}")]
+    Connection {
+        /// The key that was requested.
+        key: String,
+        /// A one-line description.
+        reason: String,
+        /// The driver error, when one was reported.
+        #[source]
+        source: Option<sqlx::Error>,
+    },
+
+    /// The server did not confirm an unlock.
+    ///
+    /// The session that held the lock has been closed rather than returned to the pool, so the
+    /// server frees the lock as soon as it notices the session is gone. Nothing is left for the
+    /// caller to undo; the error says that the release could not be *confirmed*.
+    #[error("Failed to release lock '{key}': {reason}")]
+    ReleaseFailed {
+        /// The key that was being released.
+        key: String,
+        /// Why the release is unconfirmed.
+        reason: ReleaseFailure,
+        /// The driver error, when one was reported.
+        #[source]
+        source: Option<sqlx::Error>,
+    },
+}
+
+impl Error {
+    /// The lock key this error concerns.
+    pub fn key(&self) -> &str {
+        match self {
+            Error::AcquisitionFailed { key, .. }
+            | Error::NotHeld { key }
+            | Error::PoolExhausted { key, .. }
+            | Error::Connection { key, .. }
+            | Error::ReleaseFailed { key, .. } => key,
+        }
+    }
+
+    /// True when the error is an acquisition that ran out of time waiting for another holder.
+    pub fn is_timeout(&self) -> bool {
+        matches!(
+            self,
+            Error::AcquisitionFailed {
+                reason: AcquireFailure::Timeout(_),
+                ..
+            }
+        )
+    }
+
+    pub(crate) fn timeout(key: &str, timeout: Duration) -> Self {
+        Error::AcquisitionFailed {
+            key: key.to_owned(),
+            reason: AcquireFailure::Timeout(timeout),
+            timeout: Some(timeout),
+            source: None,
+        }
+    }
+
+    pub(crate) fn database(key: &str, timeout: Option<Duration>, source: sqlx::Error) -> Self {
+        Error::AcquisitionFailed {
+            key: key.to_owned(),
+            reason: AcquireFailure::Database(source.to_string()),
+            timeout,
+            source: Some(source),
+        }
+    }
+}
+
+/// Why an acquisition failed; the `reason` of [`Error::AcquisitionFailed`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AcquireFailure {
+    /// The deadline passed while another holder kept the lock. Carries the requested timeout.
+    ///
+    /// Displays as `Timeout after {t}s`, with `t` written the way Python writes a float
+    /// (`0.5`, `1.0`, `0.05`), so log lines match the Python original's.
+    Timeout(Duration),
+    /// The database reported an error. Carries the driver's message.
+    ///
+    /// Displays as `Database error: {message}`.
+    Database(String),
+}
+
+impl fmt::Display for AcquireFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AcquireFailure::Timeout(t) => write!(f, "Timeout after {}s", python_float(t)),
+            AcquireFailure::Database(message) => write!(f, "Database error: {message}"),
+        }
+    }
+}
+
+/// Why a release could not be confirmed; the `reason` of [`Error::ReleaseFailed`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReleaseFailure {
+    /// `pg_advisory_unlock` returned false: the session no longer held the lock.
+    NotHeldOnServer,
+    /// The unlock statement failed. Carries the driver's message.
+    Database(String),
+    /// The server did not answer the unlock within the release timeout.
+    Timeout(Duration),
+}
+
+impl fmt::Display for ReleaseFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReleaseFailure::NotHeldOnServer => {
+                f.write_str("the server reports that the session no longer held the lock")
+            }
+            ReleaseFailure::Database(message) => write!(f, "Database error: {message}"),
+            ReleaseFailure::Timeout(t) => {
+                write!(f, "no answer to the unlock within {}s", python_float(t))
+            }
+        }
+    }
+}
+
+/// Formats seconds the way Python's `repr(float)` does: shortest round-trip digits, always a
+/// decimal point, and exponent notation (with a two-digit exponent) outside `1e-4 ..= 1e16`.
+fn python_float(duration: &Duration) -> String {
+    let secs = duration.as_secs_f64();
+    if secs != 0.0 && !(1e-4..1e16).contains(&secs) {
+        // Rust writes `5e-8`; Python writes `5e-08`.
+        let rust = format!("{secs:e}");
+        let (mantissa, exponent) = rust.split_once('e').expect("`{:e}` always has an exponent");
+        let exponent: i32 = exponent.parse().expect("integer exponent");
+        let sign = if exponent < 0 { '-' } else { '+' };
+        return format!("{mantissa}e{sign}{:02}", exponent.abs());
+    }
+    let plain = format!("{secs}");
+    if plain.contains('.') {
+        plain
+    } else {
+        format!("{plain}.0")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_print_like_python_floats() {
+        // Each expectation is what `print(f"{x}")` gives in CPython for the same float.
+        let cases = [
+            (Duration::from_millis(500), "0.5"),
+            (Duration::from_secs(1), "1.0"),
+            (Duration::ZERO, "0.0"),
+            (Duration::from_millis(50), "0.05"),
+            (Duration::from_millis(250), "0.25"),
+            (Duration::from_secs(90), "90.0"),
+            (Duration::from_nanos(50), "5e-08"),
+            (Duration::from_micros(100), "0.0001"),
+        ];
+        for (duration, expected) in cases {
+            assert_eq!(python_float(&duration), expected, "{duration:?}");
+        }
+    }
+
+    #[test]
+    fn messages_match_the_python_original() {
+        let err = Error::timeout("cutover:t1", Duration::from_millis(500));
+        assert_eq!(
+            err.to_string(),
+            "Failed to acquire lock 'cutover:t1': Timeout after 0.5s"
+        );
+        assert!(err.is_timeout());
+        assert_eq!(err.key(), "cutover:t1");
+        let err = Error::NotHeld { key: "k".into() };
+        assert_eq!(err.to_string(), "Lock 'k' is not held by this session");
+        let reason = AcquireFailure::Database("boom".into());
+        assert_eq!(reason.to_string(), "Database error: boom");
+    }
+}

@@ -1,0 +1,134 @@
+//! The guard handed out by a blocking acquisition.
+
+use std::fmt;
+use std::ops::Deref;
+
+use async_trait::async_trait;
+
+use crate::{LockInfo, Result};
+
+/// Proof that a lock is held, returned by [`LockManager::acquire`](crate::LockManager::acquire).
+///
+/// A guard has three exits:
+///
+/// 1. [`release`](LockGuard::release): release now and learn whether the server confirmed it.
+///    This is the exit to use on every normal path.
+/// 2. **Drop**: the guard starts the release in the background. It is *not* immediate: the
+///    manager forgets the lock at once, but the unlock statement runs on a spawned task. Until it
+///    has, other holders cannot take the lock and the same manager queues new acquisitions of
+///    the key behind it. If the guard is dropped outside a Tokio runtime, the pinned session is
+///    closed instead, which makes the server free the lock.
+/// 3. [`leak`](LockGuard::leak): keep the lock held after the guard is gone and hand it to the
+///    manager's registry, where [`LockManager::release`](crate::LockManager::release) or
+///    [`LockManager::release_all`](crate::LockManager::release_all) can release it later.
+///
+/// A guard releases **only its own acquisition**. If its lock was already released through
+/// [`LockManager::release`](crate::LockManager::release) or
+/// [`LockManager::release_all`](crate::LockManager::release_all), the guard's release reports
+/// `Ok(false)` and its drop does nothing, even if the same key has been acquired again since.
+///
+/// The guard dereferences to the [`LockInfo`] of the acquisition.
+#[must_use = "the lock is released as soon as the guard is dropped; bind it to a variable that lives as long as the critical section"]
+pub struct LockGuard {
+    info: LockInfo,
+    backend: Option<Box<dyn GuardBackend>>,
+}
+
+impl LockGuard {
+    /// Builds a guard from its implementor-side backend.
+    ///
+    /// Only implementors of [`LockManager`](crate::LockManager) need this.
+    pub fn new(info: LockInfo, backend: Box<dyn GuardBackend>) -> Self {
+        LockGuard {
+            info,
+            backend: Some(backend),
+        }
+    }
+
+    /// The acquisition this guard stands for.
+    pub fn info(&self) -> &LockInfo {
+        &self.info
+    }
+
+    /// Releases the lock now.
+    ///
+    /// Returns `Ok(true)` when this call released the lock and the server confirmed it, and
+    /// `Ok(false)` when there was nothing left to release because the lock had already been
+    /// released through [`LockManager::release`](crate::LockManager::release) or
+    /// [`LockManager::release_all`](crate::LockManager::release_all).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ReleaseFailed`](crate::Error::ReleaseFailed) when the release could not be
+    /// confirmed. The lock's session has then been closed, which frees the lock on the server.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe. If the future is dropped before it completes, the release carries on as if
+    /// the guard had been dropped: either the unlock finishes in the background or the session
+    /// that holds the lock is closed. The lock is never left held.
+    pub async fn release(mut self) -> Result<bool> {
+        match self.backend.take() {
+            Some(backend) => backend.release().await,
+            None => Ok(false),
+        }
+    }
+
+    /// Keeps the lock held without this guard, owned by the manager's registry.
+    ///
+    /// The lock then behaves like one taken with
+    /// [`LockManager::try_acquire`](crate::LockManager::try_acquire): it stays held until
+    /// [`LockManager::release`](crate::LockManager::release) or
+    /// [`LockManager::release_all`](crate::LockManager::release_all) names it, or until the
+    /// manager is dropped. Returns the acquisition's [`LockInfo`].
+    pub fn leak(mut self) -> LockInfo {
+        if let Some(backend) = self.backend.take() {
+            backend.leak();
+        }
+        self.info.clone()
+    }
+}
+
+impl Deref for LockGuard {
+    type Target = LockInfo;
+
+    fn deref(&self) -> &LockInfo {
+        &self.info
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("info", &self.info)
+            .field("backend", &self.backend)
+            .finish()
+    }
+}
+
+// Dropping `backend` is the background release: see `GuardBackend`.
+
+/// The implementor's side of a [`LockGuard`].
+///
+/// Implementations of [`LockManager`](crate::LockManager) hand one of these to
+/// [`LockGuard::new`]. The guard calls exactly one of [`release`](GuardBackend::release) and
+/// [`leak`](GuardBackend::leak), or neither, in which case it drops the backend.
+///
+/// # Contract
+///
+/// * **Drop releases.** Dropping a backend on which neither method was called must start
+///   releasing its acquisition without blocking (typically on a spawned task). Dropping the
+///   future returned by `release` before it completes must do the same.
+/// * **Own acquisition only.** A backend must release only the acquisition it was created for.
+///   If that acquisition was already released through the manager (`release(key)`,
+///   `release_all()`), `release` returns `Ok(false)` and dropping does nothing, even when the
+///   same key has been acquired again since.
+#[async_trait]
+pub trait GuardBackend: Send + Sync + fmt::Debug + 'static {
+    /// Releases the acquisition now; see [`LockGuard::release`] for the meaning of the result.
+    async fn release(self: Box<Self>) -> Result<bool>;
+
+    /// Hands the acquisition to the manager's registry without releasing it; see
+    /// [`LockGuard::leak`].
+    fn leak(self: Box<Self>);
+}

@@ -1,0 +1,46 @@
+//! What a successful acquisition hands back.
+
+use chrono::{DateTime, Utc};
+
+use crate::key::lock_id;
+
+/// A description of one held lock.
+///
+/// Every successful acquisition produces one: [`LockGuard`](crate::LockGuard) dereferences to
+/// it and [`LockManager::try_acquire`](crate::LockManager::try_acquire) returns it. The struct
+/// is `#[non_exhaustive]` so fields can be added without a breaking change; implementors of
+/// [`LockManager`](crate::LockManager) build one with [`LockInfo::new`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockInfo {
+    /// The key that was acquired, exactly as given.
+    pub key: String,
+    /// The PostgreSQL advisory lock id derived from the key with [`lock_id`].
+    pub lock_id: i64,
+    /// When the lock was granted, by the client's clock, in UTC.
+    pub acquired_at: DateTime<Utc>,
+    /// The holder id of the manager that acquired it, if it has one.
+    pub holder_id: Option<String>,
+    /// A strictly increasing token for this acquisition, when the manager mints them.
+    pub fencing_token: Option<i64>,
+}
+
+impl LockInfo {
+    /// Describes `key`, acquired now by `holder_id`, with its lock id derived from the key.
+    pub fn new(key: impl Into<String>, holder_id: Option<String>) -> Self {
+        let key = key.into();
+        LockInfo {
+            lock_id: lock_id(&key),
+            key,
+            acquired_at: Utc::now(),
+            holder_id,
+            fencing_token: None,
+        }
+    }
+
+    /// Sets the fencing token.
+    pub fn with_fencing_token(mut self, token: Option<i64>) -> Self {
+        self.fencing_token = token;
+        self
+    }
+}

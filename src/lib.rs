@@ -1,0 +1,82 @@
+//! Distributed locks for Rust services, built on PostgreSQL advisory locks.
+//!
+//! Some operations must run exactly once across a fleet of replicas: a tenant cutover, a schema
+//! migration, a projection rebuild, a singleton job. `pglock` lets every replica ask PostgreSQL
+//! "may I do this right now?" and get an answer that the whole fleet agrees on.
+//!
+//! # At a glance
+//!
+//! | item | what it is |
+//! | --- | --- |
+//! | [`LockManager`] | The port: the contract every lock manager fulfils, usable generically or as `Arc<dyn LockManager>`. |
+//! | [`PostgresLockManager`] | Session advisory locks, each held on its own pinned connection from your [`sqlx::PgPool`]. |
+//! | [`InMemoryLockManager`] | The same contract inside one process, for your unit tests. |
+//! | [`LockGuard`] | Proof that a lock is held; release it with [`LockGuard::release`], or drop it. |
+//! | [`LockInfo`] | What was acquired: key, lock id, time, holder id. |
+//! | [`lock_id`], [`migration_lock_key`] | The frozen key-to-lock-id derivation, shared bit for bit with the Python original. |
+//! | [`Error`], [`Result`] | The one error type of the crate. |
+//! | [`telemetry`] | Span and field names emitted through `tracing`. |
+//! | `testing` (feature) | The conformance suite for any [`LockManager`] and a throwaway PostgreSQL server for tests. |
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use pglock::{LockManager, PostgresLockManager};
+//!
+//! # async fn run() -> pglock::Result<()> {
+//! let pool = sqlx::PgPool::connect("postgres://localhost/app").await.expect("connect");
+//! let locks = PostgresLockManager::new(pool);
+//!
+//! // Wait at most two seconds (pool checkout included) for the lock.
+//! let guard = locks.acquire("rebuild:orders", Some(Duration::from_secs(2))).await?;
+//! println!("lock {} held since {}", guard.lock_id, guard.acquired_at);
+//! // ... the critical section ...
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Feature flags
+//!
+//! | feature | default | enables |
+//! | --- | --- | --- |
+//! | `testing` | no | [`testing`]: the conformance suite and a throwaway PostgreSQL server for tests. |
+//!
+//! # Guarantees, briefly
+//!
+//! * **Mutual exclusion** between every holder on one PostgreSQL database, for keys that derive
+//!   the same [`lock_id`], including Python services using the same scheme.
+//! * **Cancel safety**: dropping any lock-touching future at any await point leaves no advisory
+//!   lock behind and never returns a connection that may hold one to the pool.
+//! * **A guard releases only its own acquisition**: a guard whose lock was already released
+//!   through [`LockManager::release`] or [`LockManager::release_all`] does nothing on release or
+//!   drop.
+//! * **Deadlines are deadlines**: one timeout covers pool checkout and the wait on the server,
+//!   and the wait happens on the server, in its FIFO queue, without client-side polling.
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations, rust_2018_idioms)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod core;
+mod error;
+mod guard;
+mod info;
+mod key;
+mod manager;
+mod memory;
+mod postgres;
+pub mod telemetry;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
+
+pub use crate::error::{AcquireFailure, Error, ReleaseFailure, Result};
+pub use crate::guard::{GuardBackend, LockGuard};
+pub use crate::info::LockInfo;
+pub use crate::key::{
+    CUTOVER_OPERATION, MIGRATION_OPERATION, lock_id, migration_key, migration_lock_key,
+    split_lock_id,
+};
+pub use crate::manager::LockManager;
+pub use crate::memory::{InMemoryLockManager, InMemoryLockManagerBuilder, InMemoryLockServer};
+pub use crate::postgres::{PostgresLockManager, PostgresLockManagerBuilder};

@@ -1,0 +1,126 @@
+//! The lock manager port.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::{LockGuard, LockInfo, Result};
+
+/// A named mutual-exclusion lock service: the contract every lock manager fulfils.
+///
+/// This trait is written for **implementors** as much as for callers. The crate ships two
+/// implementations, [`PostgresLockManager`](crate::PostgresLockManager) and
+/// [`InMemoryLockManager`](crate::InMemoryLockManager); the `testing` feature's conformance
+/// suite checks any implementation, including yours, against the rules below. The trait is
+/// object safe, so code that needs "a lock manager" can hold an `Arc<dyn LockManager>`.
+///
+/// # The contract
+///
+/// **Keys and holders.** A key is any string. Each manager instance is one *holder*: two
+/// acquisitions of one key through the same manager exclude each other just as acquisitions
+/// through two managers do. Cross-process exclusion, release when a process dies and fairness
+/// are properties of an implementation, documented on it, not of this trait.
+///
+/// **Acquisition.** [`acquire`](LockManager::acquire) waits for the lock and returns a
+/// [`LockGuard`]; [`try_acquire`](LockManager::try_acquire) never waits and leaves the lock in
+/// the manager's *registry*, from where [`release`](LockManager::release) or
+/// [`release_all`](LockManager::release_all) let it go. A guard can also be moved into the
+/// registry with [`LockGuard::leak`].
+///
+/// **Timeouts.** `None` waits for as long as it takes. `Some(t)` is one deadline, `t` from the
+/// call, covering every wait inside the call; when it passes, the call fails with
+/// [`Error::AcquisitionFailed`](crate::Error::AcquisitionFailed) whose reason is
+/// [`AcquireFailure::Timeout`](crate::AcquireFailure::Timeout) and whose `timeout` is
+/// `Some(t)`. `Some(Duration::ZERO)` makes exactly one immediate attempt, which succeeds if the
+/// key is free.
+///
+/// **Re-acquiring a key the same manager holds** never deadlocks silently and never stacks:
+/// `acquire` waits, within its deadline, for the manager's own holder to release;
+/// `try_acquire` returns `None`.
+///
+/// **Guards release only their own acquisition.** After `release(key)` or `release_all()` has
+/// released a lock that a guard stood for, that guard's release returns `Ok(false)` and its
+/// drop does nothing, even if the key has been acquired again meanwhile.
+///
+/// **Cancel safety.** Every async method is cancel safe: dropping its future at any await point
+/// must leave no lock held that the registry does not know about, and must not leave the
+/// registry claiming a lock that is not held.
+#[async_trait]
+pub trait LockManager: Send + Sync + fmt::Debug {
+    /// Waits for the lock on `key` and returns a guard for it.
+    ///
+    /// `timeout` bounds the whole call; see the trait documentation for its exact meaning.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::AcquisitionFailed`](crate::Error::AcquisitionFailed) when the deadline passes or
+    /// the backend refuses; implementations may also return the connection-related variants of
+    /// [`Error`](crate::Error).
+    ///
+    /// # Cancel safety
+    ///
+    /// Must be cancel safe: if the future is dropped, the lock is either not taken or released.
+    async fn acquire(&self, key: &str, timeout: Option<Duration>) -> Result<LockGuard>;
+
+    /// Takes the lock on `key` if it is free right now, without waiting.
+    ///
+    /// Returns `Ok(None)` when any holder has it, this manager included. On success the lock
+    /// stays in the registry until [`release`](LockManager::release) or
+    /// [`release_all`](LockManager::release_all) names it.
+    ///
+    /// # Errors
+    ///
+    /// Backend failures are errors, never `None`: `None` always means "held by someone".
+    ///
+    /// # Cancel safety
+    ///
+    /// Must be cancel safe: if the future is dropped, the lock is either not taken or released.
+    async fn try_acquire(&self, key: &str) -> Result<Option<LockInfo>>;
+
+    /// Releases the lock on `key` held by this manager, however it was acquired.
+    ///
+    /// If a [`LockGuard`] stands for the lock, the guard is marked released: its own release
+    /// then returns `Ok(false)` and its drop does nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`](crate::Error::NotHeld) when this manager does not hold `key`;
+    /// [`Error::ReleaseFailed`](crate::Error::ReleaseFailed) when the release could not be
+    /// confirmed (the registry forgets the lock either way).
+    ///
+    /// # Cancel safety
+    ///
+    /// Must be cancel safe: once the registry has forgotten the lock, it is released even if
+    /// the future is dropped.
+    async fn release(&self, key: &str) -> Result<()>;
+
+    /// Releases every lock this manager holds and returns how many were released with
+    /// confirmation.
+    ///
+    /// Guards standing for these locks are marked released. Use it on shutdown.
+    ///
+    /// # Errors
+    ///
+    /// Implementations report per-lock failures through logs or tracing and keep going; an
+    /// error means the manager could not attempt the release at all.
+    ///
+    /// # Cancel safety
+    ///
+    /// Must be cancel safe: locks the registry has already forgotten are released even if the
+    /// future is dropped.
+    async fn release_all(&self) -> Result<usize>;
+
+    /// True when this manager holds `key`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    async fn is_held(&self, key: &str) -> bool;
+
+    /// The number of locks this manager holds right now.
+    fn held_lock_count(&self) -> usize;
+
+    /// The holder id this manager stamps on every [`LockInfo`] it produces.
+    fn holder_id(&self) -> Option<&str>;
+}

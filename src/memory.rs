@@ -1,0 +1,217 @@
+//! The in-memory lock manager, a test double with the full contract.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::timeout_at;
+
+use crate::core::{Backend, Core, Hook, Options, Request, Slots, delegate_lock_manager};
+use crate::{Error, Result};
+
+/// A [`LockManager`](crate::LockManager) that lives inside one process, for unit tests.
+///
+/// It follows the same contract as [`PostgresLockManager`](crate::PostgresLockManager): the
+/// same key hashing, guards, deadlines (one immediate try for a zero timeout), registry,
+/// holder id, spans and errors, and it passes the same conformance suite. Waiters are served
+/// in FIFO order.
+///
+/// It is **not** a distributed lock: nothing is shared across processes and nothing survives
+/// the process. Use it where your code takes an `Arc<dyn LockManager>` or a generic
+/// `M: LockManager`, so tests run without PostgreSQL.
+///
+/// Each manager is one holder. Managers built on one [`InMemoryLockServer`] contend with each
+/// other the way separate processes contend on one database, which lets a unit test play
+/// several replicas:
+///
+/// ```
+/// use pglock::{InMemoryLockManager, InMemoryLockServer, LockManager};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
+/// let server = InMemoryLockServer::new();
+/// let a = InMemoryLockManager::builder().server(&server).holder_id("a").build();
+/// let b = InMemoryLockManager::builder().server(&server).holder_id("b").build();
+///
+/// let guard = a.acquire("leader:jobs", None).await?;
+/// assert!(b.try_acquire("leader:jobs").await?.is_none());
+/// guard.release().await?;
+/// assert!(b.try_acquire("leader:jobs").await?.is_some());
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct InMemoryLockManager {
+    core: Arc<Core<MemoryBackend>>,
+}
+
+impl InMemoryLockManager {
+    /// A manager on a server of its own, with no holder id.
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// Configures a manager.
+    pub fn builder() -> InMemoryLockManagerBuilder {
+        InMemoryLockManagerBuilder {
+            holder_id: None,
+            tracing: true,
+            server: None,
+            hook: None,
+        }
+    }
+
+    /// The server this manager takes its locks on.
+    pub fn server(&self) -> &InMemoryLockServer {
+        &self.core.backend.server
+    }
+}
+
+impl Default for InMemoryLockManager {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for InMemoryLockManager {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InMemoryLockManager")
+            .field("holder_id", &self.core.holder_id())
+            .field("held_lock_count", &self.core.held_lock_count())
+            .finish_non_exhaustive()
+    }
+}
+
+delegate_lock_manager!(InMemoryLockManager);
+
+/// Builds an [`InMemoryLockManager`].
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct InMemoryLockManagerBuilder {
+    holder_id: Option<String>,
+    tracing: bool,
+    server: Option<InMemoryLockServer>,
+    hook: Option<Hook>,
+}
+
+impl InMemoryLockManagerBuilder {
+    /// The holder id stamped on every [`LockInfo`](crate::LockInfo). Default: none.
+    pub fn holder_id(mut self, holder_id: impl Into<String>) -> Self {
+        self.holder_id = Some(holder_id.into());
+        self
+    }
+
+    /// Whether to emit the [`telemetry`](crate::telemetry) spans. Default: on.
+    pub fn tracing(mut self, enabled: bool) -> Self {
+        self.tracing = enabled;
+        self
+    }
+
+    /// Takes locks on `server`, shared with other managers. Default: a server of its own.
+    pub fn server(mut self, server: &InMemoryLockServer) -> Self {
+        self.server = Some(server.clone());
+        self
+    }
+
+    /// Installs a hook awaited at every await point of lock operations (tests only).
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn stage_hook(mut self, hook: crate::testing::StageHook) -> Self {
+        self.hook = Some(hook);
+        self
+    }
+
+    /// Builds the manager.
+    pub fn build(self) -> InMemoryLockManager {
+        let backend = MemoryBackend {
+            server: self.server.unwrap_or_default(),
+        };
+        let options = Options {
+            holder_id: self.holder_id,
+            tracing: self.tracing,
+            hook: self.hook,
+        };
+        InMemoryLockManager {
+            core: Arc::new(Core::new(backend, options)),
+        }
+    }
+}
+
+impl fmt::Debug for InMemoryLockManagerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InMemoryLockManagerBuilder")
+            .field("holder_id", &self.holder_id)
+            .field("tracing", &self.tracing)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The shared state that [`InMemoryLockManager`]s contend on, standing in for a database.
+///
+/// Cloning it gives another handle to the same server. Locks are keyed by
+/// [`lock_id`](crate::lock_id), as on PostgreSQL.
+#[derive(Clone)]
+pub struct InMemoryLockServer {
+    locks: Arc<Mutex<Slots<i64>>>,
+}
+
+impl InMemoryLockServer {
+    /// An empty server.
+    pub fn new() -> Self {
+        InMemoryLockServer {
+            locks: Arc::new(Mutex::new(Slots::new())),
+        }
+    }
+
+    fn slot(&self, lock_id: i64) -> Arc<tokio::sync::Semaphore> {
+        self.locks
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(&lock_id)
+    }
+}
+
+impl Default for InMemoryLockServer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for InMemoryLockServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InMemoryLockServer").finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct MemoryBackend {
+    server: InMemoryLockServer,
+}
+
+#[async_trait]
+impl Backend for MemoryBackend {
+    type Session = OwnedSemaphorePermit;
+
+    async fn lock(&self, req: &Request<'_>) -> Result<Self::Session> {
+        let slot = self.server.slot(req.lock_id);
+        match (req.timeout, req.deadline) {
+            (Some(timeout), _) if timeout.is_zero() => slot
+                .try_acquire_owned()
+                .map_err(|_| Error::timeout(req.key, timeout)),
+            (Some(timeout), Some(deadline)) => timeout_at(deadline, slot.acquire_owned())
+                .await
+                .map_err(|_| Error::timeout(req.key, timeout))
+                .map(|permit| permit.expect("lock semaphores are never closed")),
+            _ => Ok(slot
+                .acquire_owned()
+                .await
+                .expect("lock semaphores are never closed")),
+        }
+    }
+
+    async fn try_lock(&self, req: &Request<'_>) -> Result<Option<Self::Session>> {
+        Ok(self.server.slot(req.lock_id).try_acquire_owned().ok())
+    }
+
+    async fn unlock(&self, _key: &str, _lock_id: i64, session: Self::Session) -> Result<()> {
+        drop(session);
+        Ok(())
+    }
+}

@@ -1,0 +1,189 @@
+//! The PostgreSQL lock manager.
+
+mod backend;
+mod session;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use self::backend::PgBackend;
+use crate::core::{Core, Hook, Options, delegate_lock_manager};
+
+/// A [`LockManager`](crate::LockManager) on PostgreSQL session advisory locks.
+///
+/// Each held lock is a `pg_advisory_lock` on a connection checked out of your pool and pinned
+/// to that lock until it is released. PostgreSQL frees the lock when that session ends, so a
+/// crashed or killed process cannot strand it. Keys map to lock ids with [`lock_id`], the same
+/// derivation as the Python original, so Rust and Python replicas exclude each other.
+///
+/// # Construction and pool sizing
+///
+/// Build it from the [`PgPool`] you already have; nothing touches the database until the first
+/// acquisition. The manager is cheap to clone and every clone is the *same* holder. Build one
+/// per process (two managers on one pool are two holders and exclude each other).
+///
+/// Every held lock pins one connection, and so does every key with local waiters (they queue
+/// in-process behind a single session). Size the pool for the locks you hold at once plus the
+/// rest of your traffic, or give locks a small pool of their own:
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use sqlx::postgres::PgPoolOptions;
+///
+/// # async fn run() -> Result<(), sqlx::Error> {
+/// let lock_pool = PgPoolOptions::new()
+///     .max_connections(8)
+///     .acquire_timeout(Duration::from_secs(5))
+///     .connect("postgres://localhost/app")
+///     .await?;
+/// let locks = pglock::PostgresLockManager::builder(lock_pool)
+///     .holder_id(format!("orders-worker-{}", std::process::id()))
+///     .build();
+/// # let _ = locks; Ok(()) }
+/// ```
+///
+/// # How each operation behaves
+///
+/// * **`acquire(key, None)`** waits on the server, in PostgreSQL's FIFO lock queue, for as long
+///   as it takes. Only a server-side `lock_timeout` or `statement_timeout` ends it early (as
+///   [`AcquireFailure::Database`](crate::AcquireFailure::Database)).
+/// * **`acquire(key, Some(t))`** is bounded by one deadline `t` from the call, covering the
+///   wait for this manager's own turn on the key, the pool checkout and the wait on the server.
+///   The server enforces the end of the wait (`lock_timeout`, set for that one statement only),
+///   so the answer arrives within a round trip of the deadline and the session stays clean.
+///   There is no client-side polling. `Some(Duration::ZERO)` is one `pg_try_advisory_lock`
+///   (its checkout is bounded by the pool's `acquire_timeout`).
+/// * **`try_acquire(key)`** is one `pg_try_advisory_lock`; `None` means held, by anyone,
+///   including this manager. Database and pool failures are errors.
+/// * **A key this manager already holds** is never requested twice from the server: `acquire`
+///   waits in-process behind the local holder (bounded by its deadline), `try_acquire` returns
+///   `None`. So in-process contenders for a key hold at most one session between them, and a
+///   lock is never stacked (PostgreSQL's advisory locks are re-entrant per session).
+/// * **Locks are held in autocommit.** A holding session is `idle`, never
+///   `idle in transaction`: it does not hold back VACUUM and is not subject to
+///   `idle_in_transaction_session_timeout`.
+/// * **Release** runs `pg_advisory_unlock` on the pinned session and checks its result. Only a
+///   confirmed unlock returns the connection to the pool; a connection whose unlock failed,
+///   timed out or returned false is closed, which frees whatever it held. Nothing the manager
+///   changes on a session outlives the statement that changed it.
+///
+/// # Cancel safety
+///
+/// Every async method is cancel safe at every await point. A dropped `acquire` or
+/// `try_acquire` leaves no lock held: a connection that may hold one, or that has a statement
+/// in flight, is closed rather than returned to the pool, and on PostgreSQL 14 and later the
+/// server abandons an abandoned wait within 200 ms. A dropped `release` or `release_all`
+/// finishes the release by closing the session.
+///
+/// [`lock_id`]: crate::lock_id
+#[derive(Clone)]
+pub struct PostgresLockManager {
+    core: Arc<Core<PgBackend>>,
+}
+
+impl PostgresLockManager {
+    /// A manager with default settings on `pool`.
+    pub fn new(pool: PgPool) -> Self {
+        Self::builder(pool).build()
+    }
+
+    /// Configures a manager on `pool`.
+    pub fn builder(pool: PgPool) -> PostgresLockManagerBuilder {
+        PostgresLockManagerBuilder {
+            pool,
+            holder_id: None,
+            tracing: true,
+            release_timeout: Duration::from_secs(5),
+            hook: None,
+        }
+    }
+
+    /// The pool this manager checks its sessions out of.
+    pub fn pool(&self) -> &PgPool {
+        &self.core.backend.pool
+    }
+}
+
+impl fmt::Debug for PostgresLockManager {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresLockManager")
+            .field("holder_id", &self.core.holder_id())
+            .field("held_lock_count", &self.core.held_lock_count())
+            .finish_non_exhaustive()
+    }
+}
+
+delegate_lock_manager!(PostgresLockManager);
+
+/// Builds a [`PostgresLockManager`].
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct PostgresLockManagerBuilder {
+    pool: PgPool,
+    holder_id: Option<String>,
+    tracing: bool,
+    release_timeout: Duration,
+    hook: Option<Hook>,
+}
+
+impl PostgresLockManagerBuilder {
+    /// A free-form id of this holder, stamped on every [`LockInfo`](crate::LockInfo) and span.
+    ///
+    /// Make it unique per process (a pod name, host plus pid): a constant shared by fifty
+    /// replicas says nothing about who holds a lock. It is never interpolated into SQL.
+    /// Default: none.
+    pub fn holder_id(mut self, holder_id: impl Into<String>) -> Self {
+        self.holder_id = Some(holder_id.into());
+        self
+    }
+
+    /// Whether to emit the [`telemetry`](crate::telemetry) spans. Default: on.
+    pub fn tracing(mut self, enabled: bool) -> Self {
+        self.tracing = enabled;
+        self
+    }
+
+    /// How long a release waits for the server to confirm the unlock before closing the
+    /// session instead. Default: 5 seconds.
+    pub fn release_timeout(mut self, timeout: Duration) -> Self {
+        self.release_timeout = timeout;
+        self
+    }
+
+    /// Installs a hook awaited at every await point of lock operations (tests only).
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn stage_hook(mut self, hook: crate::testing::StageHook) -> Self {
+        self.hook = Some(hook);
+        self
+    }
+
+    /// Builds the manager. Nothing touches the database yet.
+    pub fn build(self) -> PostgresLockManager {
+        let backend = PgBackend {
+            pool: self.pool,
+            release_timeout: self.release_timeout,
+            answer_grace: Duration::from_millis(250),
+        };
+        let options = Options {
+            holder_id: self.holder_id,
+            tracing: self.tracing,
+            hook: self.hook,
+        };
+        PostgresLockManager {
+            core: Arc::new(Core::new(backend, options)),
+        }
+    }
+}
+
+impl fmt::Debug for PostgresLockManagerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresLockManagerBuilder")
+            .field("holder_id", &self.holder_id)
+            .field("tracing", &self.tracing)
+            .field("release_timeout", &self.release_timeout)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,71 @@
+//! Names of the `tracing` spans and fields pglock emits.
+//!
+//! pglock speaks `tracing` only. To export its spans to OpenTelemetry, install
+//! `tracing-opentelemetry` in your application's subscriber: each span below becomes an
+//! OpenTelemetry span with the same name, and each field an attribute with the same key.
+//!
+//! | span | covers | fields |
+//! | --- | --- | --- |
+//! | [`ACQUIRE_SPAN`] | one `acquire` call: the wait only, never the hold | [`KEY`], [`LOCK_ID`], [`TIMEOUT_MS`] (absent when unbounded), [`HOLDER_ID`], [`OUTCOME`], [`WAITED_MS`] |
+//! | [`TRY_ACQUIRE_SPAN`] | one `try_acquire` call | [`KEY`], [`LOCK_ID`], [`HOLDER_ID`], [`OUTCOME`] |
+//! | [`RELEASE_SPAN`] | one release: by guard, by key, by `release_all`, or after a drop | [`KEY`], [`LOCK_ID`], [`HOLDER_ID`], [`RELEASE_VIA`], [`OUTCOME`] |
+//!
+//! Every span's fields are declared when it opens and [`OUTCOME`] is recorded when it closes,
+//! including [`outcome::CANCELLED`] when the caller dropped the future. Failures also set
+//! `otel.status_code` to `ERROR`, which `tracing-opentelemetry` maps to the span status.
+//! Spans are emitted at `INFO` level and can be switched off per manager with the builders'
+//! `tracing(false)`.
+
+/// Span around the wait of one blocking acquisition.
+pub const ACQUIRE_SPAN: &str = "pglock.acquire";
+/// Span around one non-blocking acquisition.
+pub const TRY_ACQUIRE_SPAN: &str = "pglock.try_acquire";
+/// Span around one release.
+pub const RELEASE_SPAN: &str = "pglock.release";
+
+/// Field: the lock key, as given.
+pub const KEY: &str = "pglock.key";
+/// Field: the advisory lock id derived from the key ([`lock_id`](crate::lock_id)).
+pub const LOCK_ID: &str = "pglock.lock_id";
+/// Field: the requested timeout in milliseconds; not recorded when the wait is unbounded.
+pub const TIMEOUT_MS: &str = "pglock.timeout_ms";
+/// Field: the manager's holder id, when it has one.
+pub const HOLDER_ID: &str = "pglock.holder_id";
+/// Field: how the call ended; one of the [`outcome`] values.
+pub const OUTCOME: &str = "pglock.outcome";
+/// Field: milliseconds spent waiting, recorded when an acquisition ends.
+pub const WAITED_MS: &str = "pglock.waited_ms";
+/// Field: what started a release; one of the [`via`] values.
+pub const RELEASE_VIA: &str = "pglock.release_via";
+
+/// Values of the [`OUTCOME`] field.
+pub mod outcome {
+    /// The lock was granted.
+    pub const ACQUIRED: &str = "acquired";
+    /// `try_acquire` found the lock held.
+    pub const BUSY: &str = "busy";
+    /// The deadline passed first.
+    pub const TIMEOUT: &str = "timeout";
+    /// The lock was released and the release confirmed.
+    pub const RELEASED: &str = "released";
+    /// A guard's release found its acquisition already released through the manager.
+    pub const ALREADY_RELEASED: &str = "already_released";
+    /// `release` named a key the manager does not hold.
+    pub const NOT_HELD: &str = "not_held";
+    /// The operation failed; the span's error status and events say why.
+    pub const ERROR: &str = "error";
+    /// The caller dropped the future before it finished.
+    pub const CANCELLED: &str = "cancelled";
+}
+
+/// Values of the [`RELEASE_VIA`] field.
+pub mod via {
+    /// [`LockGuard::release`](crate::LockGuard::release).
+    pub const GUARD: &str = "guard";
+    /// A dropped guard, released in the background.
+    pub const DROP: &str = "drop";
+    /// [`LockManager::release`](crate::LockManager::release).
+    pub const KEY: &str = "key";
+    /// [`LockManager::release_all`](crate::LockManager::release_all).
+    pub const RELEASE_ALL: &str = "release_all";
+}

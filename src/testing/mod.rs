@@ -1,0 +1,103 @@
+//! Tools for testing code that uses pglock, and for testing lock managers themselves.
+//!
+//! Enable with the `testing` feature, typically in `[dev-dependencies]`:
+//!
+//! ```toml
+//! [dev-dependencies]
+//! pglock = { version = "0.1", features = ["testing"] }
+//! ```
+//!
+//! * [`conformance`]: the contract of [`LockManager`](crate::LockManager) as executable cases.
+//!   [`conformance_tests!`](crate::conformance_tests) turns them into one `#[tokio::test]` per
+//!   case for any manager, yours included.
+//! * [`database_url`] and [`TempPostgres`]: a real PostgreSQL for tests, from `DATABASE_URL` or
+//!   from a throwaway server started from the installed binaries.
+//! * [`Stage`], [`pause_at`]: stop an operation of this crate's managers at a chosen await
+//!   point, to test what happens when it is cancelled there.
+
+pub mod conformance;
+mod server;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::{Notify, Semaphore};
+
+pub use crate::core::{Hook as StageHook, Stage};
+pub use server::{TempPostgres, database_url, shared_server};
+
+/// A hook that parks the first operation reaching `stage` until [`Pause::resume`] (or forever),
+/// so a test can cancel the operation exactly there.
+///
+/// Install the hook with the builders' hidden `stage_hook` method:
+///
+/// ```
+/// use pglock::{InMemoryLockManager, LockManager};
+/// use pglock::testing::{Stage, pause_at};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let (hook, pause) = pause_at(Stage::Register);
+/// let manager = InMemoryLockManager::builder().stage_hook(hook).build();
+/// let acquire = manager.acquire("k", None);
+/// tokio::select! {
+///     _ = acquire => unreachable!("parked before it could register"),
+///     _ = pause.reached() => {} // granted, not yet registered: the future is dropped here
+/// }
+/// assert_eq!(manager.held_lock_count(), 0);
+/// // The cancelled acquisition left nothing behind.
+/// assert!(manager.try_acquire("k").await.unwrap().is_some());
+/// # }
+/// ```
+pub fn pause_at(stage: Stage) -> (StageHook, Pause) {
+    let pause = Pause {
+        inner: Arc::new(PauseInner {
+            stage,
+            armed: AtomicBool::new(true),
+            reached: Notify::new(),
+            resumed: Semaphore::new(0),
+        }),
+    };
+    let inner = Arc::clone(&pause.inner);
+    let hook: StageHook = Arc::new(move |stage, _key| {
+        let inner = Arc::clone(&inner);
+        Box::pin(async move {
+            if stage == inner.stage && inner.armed.swap(false, Ordering::SeqCst) {
+                inner.reached.notify_one();
+                // Parked until resumed; a dropped operation simply never returns from here.
+                let _ = inner.resumed.acquire().await.map(|permit| permit.forget());
+            }
+        })
+    });
+    (hook, pause)
+}
+
+/// The test's side of [`pause_at`].
+#[derive(Debug, Clone)]
+pub struct Pause {
+    inner: Arc<PauseInner>,
+}
+
+#[derive(Debug)]
+struct PauseInner {
+    stage: Stage,
+    armed: AtomicBool,
+    reached: Notify,
+    resumed: Semaphore,
+}
+
+impl Pause {
+    /// Completes once an operation is parked at the stage.
+    pub async fn reached(&self) {
+        self.inner.reached.notified().await;
+    }
+
+    /// Lets the parked operation continue.
+    pub fn resume(&self) {
+        self.inner.resumed.add_permits(1);
+    }
+
+    /// Parks the next operation that reaches the stage too.
+    pub fn rearm(&self) {
+        self.inner.armed.store(true, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,30 @@
+//! Both managers shipped by the crate pass the conformance suite, the PostgreSQL one against a
+//! real server.
+
+mod common;
+
+mod in_memory {
+    pglock::conformance_tests!(|| async {
+        pglock::InMemoryLockManager::builder()
+            .holder_id("conformance-memory")
+            .build()
+    });
+}
+
+mod postgres {
+    pglock::conformance_tests!(|| async {
+        pglock::PostgresLockManager::builder(crate::common::pool(4).await)
+            .holder_id("conformance-postgres")
+            .build()
+    });
+}
+
+#[tokio::test]
+async fn run_all_runs_every_case_on_a_shared_server() {
+    let server = pglock::InMemoryLockServer::new();
+    pglock::testing::conformance::run_all(|| {
+        let server = server.clone();
+        async move { pglock::InMemoryLockManager::builder().server(&server).build() }
+    })
+    .await;
+}
