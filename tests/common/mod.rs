@@ -1,23 +1,30 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+use std::future::Future;
 use std::time::Duration;
 
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 /// The database of this test run (see `pglock::testing::database_url`).
 pub fn url() -> &'static str {
     pglock::testing::database_url()
 }
 
-/// A new pool of at most `max` connections, tagged with `application_name` `app`.
+/// Connect options for the test database, tagged with `application_name` `app`.
+pub fn options(app: &str) -> PgConnectOptions {
+    let options: PgConnectOptions = url().parse().expect("a valid DATABASE_URL");
+    options.application_name(app)
+}
+
+/// A new pool of at most `max` connections, tagged with `application_name` `app` so the
+/// server's views can tell its sessions apart.
 pub async fn pool_named(max: u32, app: &str) -> PgPool {
-    let options: sqlx::postgres::PgConnectOptions = url().parse().expect("a valid DATABASE_URL");
     PgPoolOptions::new()
         .max_connections(max)
         .acquire_timeout(Duration::from_secs(30))
-        .connect_with(options.application_name(app))
+        .connect_with(options(app))
         .await
         .unwrap_or_else(|err| panic!("cannot connect to {}: {err}", url()))
 }
@@ -27,7 +34,170 @@ pub async fn pool(max: u32) -> PgPool {
     pool_named(max, "pglock-tests").await
 }
 
+/// A unique `application_name` for one test's pool.
+pub fn app_name(label: &str) -> String {
+    format!("pglock-{label}-{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
+}
+
 /// A key no other test uses.
 pub fn key(label: &str) -> String {
     format!("pglock-test:{label}:{}", uuid::Uuid::new_v4())
+}
+
+/// A pool for looking at the server's views from outside the code under test.
+pub async fn observer() -> PgPool {
+    pool_named(2, "pglock-observer").await
+}
+
+/// One advisory lock as `pg_locks` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockRow {
+    pub pid: i32,
+    pub classid: i64,
+    pub objid: i64,
+    pub objsubid: i16,
+    pub mode: String,
+    pub granted: bool,
+}
+
+/// The `pg_locks` rows (granted or waiting) of the advisory lock `lock_id`.
+pub async fn lock_rows(observer: &PgPool, lock_id: i64) -> Vec<LockRow> {
+    let (classid, objid) = pglock::split_lock_id(lock_id);
+    sqlx::query_as(
+        "SELECT pid, classid::bigint AS classid, objid::bigint AS objid, objsubid, mode, granted \
+         FROM pg_locks WHERE locktype = 'advisory' AND classid = $1::bigint::oid \
+         AND objid = $2::bigint::oid ORDER BY granted DESC, pid",
+    )
+    .bind(i64::from(classid))
+    .bind(i64::from(objid))
+    .fetch_all(observer)
+    .await
+    .expect("query pg_locks")
+    .into_iter()
+    .map(LockRow::from_tuple)
+    .collect()
+}
+
+type LockTuple = (i32, i64, i64, i16, String, bool);
+
+impl LockRow {
+    fn from_tuple((pid, classid, objid, objsubid, mode, granted): LockTuple) -> Self {
+        LockRow {
+            pid,
+            classid,
+            objid,
+            objsubid,
+            mode,
+            granted,
+        }
+    }
+}
+
+/// The advisory locks held or awaited by sessions whose `application_name` is `app`.
+pub async fn advisory_locks_of(observer: &PgPool, app: &str) -> Vec<LockRow> {
+    sqlx::query_as(
+        "SELECT l.pid, l.classid::bigint AS classid, l.objid::bigint AS objid, l.objsubid, \
+         l.mode, l.granted FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
+         WHERE l.locktype = 'advisory' AND a.application_name = $1",
+    )
+    .bind(app)
+    .fetch_all(observer)
+    .await
+    .expect("query pg_locks")
+    .into_iter()
+    .map(LockRow::from_tuple)
+    .collect()
+}
+
+/// One session as `pg_stat_activity` shows it.
+#[derive(Debug, Clone)]
+pub struct SessionRow {
+    pub pid: i32,
+    pub state: Option<String>,
+    pub wait_event_type: Option<String>,
+    pub wait_event: Option<String>,
+    pub query: Option<String>,
+    pub query_start: Option<chrono::DateTime<chrono::Utc>>,
+    pub has_xmin: bool,
+}
+
+/// The sessions whose `application_name` is `app`.
+pub async fn sessions_of(observer: &PgPool, app: &str) -> Vec<SessionRow> {
+    sqlx::query_as(
+        "SELECT pid, state, wait_event_type, wait_event, query, query_start, \
+         backend_xmin IS NOT NULL AS has_xmin \
+         FROM pg_stat_activity WHERE application_name = $1 ORDER BY pid",
+    )
+    .bind(app)
+    .fetch_all(observer)
+    .await
+    .expect("query pg_stat_activity")
+    .into_iter()
+    .map(SessionRow::from_tuple)
+    .collect()
+}
+
+type SessionTuple = (
+    i32,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<chrono::DateTime<chrono::Utc>>,
+    bool,
+);
+
+impl SessionRow {
+    fn from_tuple(row: SessionTuple) -> Self {
+        let (pid, state, wait_event_type, wait_event, query, query_start, has_xmin) = row;
+        SessionRow {
+            pid,
+            state,
+            wait_event_type,
+            wait_event,
+            query,
+            query_start,
+            has_xmin,
+        }
+    }
+}
+
+/// Waits until `condition` holds, checking every 10 ms for up to 15 s.
+///
+/// Only for states that the server reaches on its own time with no signal to wait on (a
+/// backend noticing that its client went away, a waiter showing up in `pg_locks`); it panics
+/// with `what` if the state never comes.
+pub async fn eventually<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        if condition().await {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out waiting until {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Asserts that no session of `app` holds or awaits an advisory lock and that every one of its
+/// sessions is idle with no transaction open: what a pool must look like after any operation,
+/// however it ended. Sessions closed by the code under test may take a moment to leave the
+/// server's views, so this waits for that.
+pub async fn assert_pool_clean(observer: &PgPool, app: &str) {
+    eventually(&format!("the sessions of {app} hold no advisory lock"), || async {
+        advisory_locks_of(observer, app).await.is_empty()
+    })
+    .await;
+    eventually(&format!("every session of {app} is idle"), || async {
+        sessions_of(observer, app)
+            .await
+            .iter()
+            .all(|s| s.state.as_deref() == Some("idle") && !s.has_xmin)
+    })
+    .await;
 }

@@ -1,0 +1,485 @@
+//! What the PostgreSQL manager does on a real server, seen from the server's own views.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{
+    advisory_locks_of, app_name, assert_pool_clean, eventually, key, lock_rows, observer,
+    pool_named, sessions_of,
+};
+use pglock::{Error, LockManager, PostgresLockManager, lock_id, split_lock_id};
+use sqlx::postgres::PgPoolOptions;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+async fn manager(app: &str, max: u32) -> PostgresLockManager {
+    PostgresLockManager::builder(pool_named(max, app).await)
+        .holder_id(app)
+        .build()
+}
+
+#[tokio::test]
+async fn two_managers_exclude_each_other() {
+    let (a, b) = (manager(&app_name("a"), 2).await, manager(&app_name("b"), 2).await);
+    let key = key("exclusion");
+    let guard = a.acquire(&key, None).await.expect("a takes the free key");
+    assert!(b.try_acquire(&key).await.expect("try").is_none());
+    let err = b
+        .acquire(&key, Some(Duration::from_millis(100)))
+        .await
+        .expect_err("a holds it");
+    assert!(err.is_timeout(), "{err:?}");
+    assert!(guard.release().await.expect("release"));
+    let guard = b
+        .acquire(&key, Some(Duration::from_secs(10)))
+        .await
+        .expect("b takes it once a let go");
+    assert_eq!(guard.holder_id.as_deref(), b.holder_id());
+    assert!(guard.release().await.expect("release"));
+}
+
+#[tokio::test]
+async fn pg_locks_shows_one_exclusive_advisory_lock_on_an_idle_session() {
+    let observer = observer().await;
+    let app = app_name("pg-locks");
+    let locks = manager(&app, 2).await;
+    let key = key("pg-locks");
+    let guard = locks.acquire(&key, None).await.expect("acquire");
+
+    let rows = lock_rows(&observer, guard.lock_id).await;
+    let (classid, objid) = split_lock_id(lock_id(&key));
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let row = &rows[0];
+    assert_eq!((row.classid, row.objid), (i64::from(classid), i64::from(objid)));
+    assert_eq!(row.objsubid, 1, "single-bigint advisory locks have objsubid 1");
+    assert_eq!(row.mode, "ExclusiveLock");
+    assert!(row.granted);
+
+    // The holding session belongs to the manager's pool and sits idle in autocommit: not
+    // `idle in transaction`, no snapshot holding back VACUUM.
+    let sessions = sessions_of(&observer, &app).await;
+    let holder = sessions
+        .iter()
+        .find(|s| s.pid == row.pid)
+        .expect("the holder is a session of the manager's pool");
+    assert_eq!(holder.state.as_deref(), Some("idle"), "{holder:?}");
+    assert!(!holder.has_xmin, "a held lock must not pin backend_xmin");
+
+    assert!(guard.release().await.expect("release"));
+    assert!(lock_rows(&observer, lock_id(&key)).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_blocking_acquire_waits_on_the_server_without_polling() {
+    let observer = observer().await;
+    let holder = manager(&app_name("holder"), 2).await;
+    let waiter_app = app_name("waiter");
+    let waiter = manager(&waiter_app, 2).await;
+    let key = key("server-wait");
+    let guard = holder.acquire(&key, None).await.expect("acquire");
+
+    let waiting = tokio::spawn({
+        let (waiter, key) = (waiter.clone(), key.clone());
+        async move { waiter.acquire(&key, Some(Duration::from_secs(30))).await }
+    });
+    eventually("the waiter is queued on the server", || async {
+        lock_rows(&observer, lock_id(&key)).await.iter().any(|row| !row.granted)
+    })
+    .await;
+    let waiting_session = |sessions: Vec<common::SessionRow>| {
+        sessions
+            .into_iter()
+            .find(|s| s.wait_event_type.as_deref() == Some("Lock"))
+            .expect("the waiter's session is in a lock wait")
+    };
+    let first = waiting_session(sessions_of(&observer, &waiter_app).await);
+    assert_eq!(first.wait_event.as_deref(), Some("advisory"));
+    assert!(first.query.as_deref().unwrap_or("").contains("pg_advisory_lock"));
+    // One statement waits the whole time: no retry loop re-issues it.
+    let mut samples = 0;
+    for _ in 0..5 {
+        tokio::task::yield_now().await;
+        let again = waiting_session(sessions_of(&observer, &waiter_app).await);
+        assert_eq!((again.pid, again.query_start), (first.pid, first.query_start));
+        samples += 1;
+    }
+    assert_eq!(samples, 5);
+
+    assert!(guard.release().await.expect("release"));
+    let granted = waiting.await.expect("join").expect("granted after the release");
+    assert!(granted.release().await.expect("release"));
+}
+
+#[tokio::test]
+async fn waiters_are_served_in_arrival_order() {
+    let observer = observer().await;
+    let key = key("fifo");
+    let holder = manager(&app_name("fifo-holder"), 2).await;
+    let guard = holder.acquire(&key, None).await.expect("acquire");
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut tasks = Vec::new();
+    for (n, name) in ["first", "second", "third"].into_iter().enumerate() {
+        let waiter = manager(&app_name(name), 2).await;
+        let (task_key, tx) = (key.clone(), tx.clone());
+        tasks.push(tokio::spawn(async move {
+            let guard = waiter.acquire(&task_key, None).await.expect("acquire");
+            tx.send(name).expect("send");
+            guard.release().await.expect("release");
+        }));
+        // Let each waiter queue on the server before the next one arrives.
+        eventually(&format!("{} waiters queued", n + 1), || async {
+            lock_rows(&observer, lock_id(&key)).await.iter().filter(|r| !r.granted).count() == n + 1
+        })
+        .await;
+    }
+    drop(tx);
+    assert!(guard.release().await.expect("release"));
+    let mut order = Vec::new();
+    while let Some(name) = rx.recv().await {
+        order.push(name);
+    }
+    assert_eq!(order, ["first", "second", "third"]);
+    for task in tasks {
+        task.await.expect("join");
+    }
+}
+
+#[tokio::test]
+async fn a_timed_out_wait_leaves_its_connection_clean_and_pooled() {
+    let observer = observer().await;
+    let holder = manager(&app_name("holder"), 2).await;
+    let app = app_name("timeout-clean");
+    let pool = pool_named(1, &app).await;
+    let waiter = PostgresLockManager::new(pool.clone());
+    let key = key("timeout-clean");
+    let guard = holder.acquire(&key, None).await.expect("acquire");
+
+    let err = waiter
+        .acquire(&key, Some(Duration::from_millis(150)))
+        .await
+        .expect_err("held elsewhere");
+    assert!(err.is_timeout(), "{err:?}");
+    let pids: Vec<i32> = sessions_of(&observer, &app).await.iter().map(|s| s.pid).collect();
+    assert_eq!(pids.len(), 1, "the waiter's one connection is still open: {pids:?}");
+
+    // The same connection went back to the pool, idle, with every setting at its default.
+    let state = sessions_of(&observer, &app).await[0].state.clone();
+    assert_eq!(state.as_deref(), Some("idle"), "no transaction was left open");
+    let mut conn = pool.acquire().await.expect("the connection was returned");
+    let (pid, lock_timeout, check_interval): (i32, String, String) = sqlx::query_as(
+        "SELECT pg_backend_pid(), current_setting('lock_timeout'), \
+         current_setting('client_connection_check_interval')",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .expect("query");
+    assert_eq!(pid, pids[0]);
+    assert_eq!(lock_timeout, "0");
+    assert_eq!(check_interval, "0");
+    drop(conn);
+    assert!(advisory_locks_of(&observer, &app).await.is_empty());
+    assert!(guard.release().await.expect("release"));
+}
+
+#[tokio::test]
+async fn pool_exhaustion_is_a_typed_error_within_the_deadline() {
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_millis(300))
+        .connect_with(common::options(&app_name("exhausted")))
+        .await
+        .expect("connect");
+    let locks = PostgresLockManager::new(pool);
+    let first = locks.acquire(&key("pins-the-pool"), None).await.expect("acquire");
+
+    let other = key("needs-a-connection");
+    let started = Instant::now();
+    let err = locks
+        .acquire(&other, Some(Duration::from_millis(200)))
+        .await
+        .expect_err("no connection is free");
+    let elapsed = started.elapsed();
+    match &err {
+        Error::PoolExhausted {
+            key,
+            max_connections,
+            waited,
+        } => {
+            assert_eq!(key, &other);
+            assert_eq!(*max_connections, 1);
+            assert!(*waited >= Duration::from_millis(200), "{waited:?}");
+        }
+        other => panic!("expected PoolExhausted, got {other:?}"),
+    }
+    assert!(err.to_string().contains("connection pool exhausted"), "{err}");
+    assert!(elapsed < Duration::from_secs(2), "took {elapsed:?}");
+
+    // try_acquire is bounded by the pool's own acquire_timeout.
+    let err = locks.try_acquire(&other).await.expect_err("no connection is free");
+    assert!(matches!(err, Error::PoolExhausted { .. }), "{err:?}");
+    assert!(first.release().await.expect("release"));
+    assert!(locks.try_acquire(&other).await.expect("try").is_some());
+    locks.release(&other).await.expect("release");
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_a_typed_error_within_the_deadline() {
+    // Nothing listens on a port we just freed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let pool = PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(400))
+        .connect_lazy(&format!("postgres://postgres@127.0.0.1:{port}/postgres"))
+        .expect("lazy pool");
+    let locks = PostgresLockManager::new(pool);
+    let key = key("unreachable");
+
+    let started = Instant::now();
+    let err = locks
+        .acquire(&key, Some(Duration::from_millis(300)))
+        .await
+        .expect_err("nothing to connect to");
+    let elapsed = started.elapsed();
+    assert!(matches!(err, Error::Connection { .. }), "{err:?}");
+    assert!(elapsed < Duration::from_secs(2), "took {elapsed:?}");
+
+    let err = locks.try_acquire(&key).await.expect_err("nothing to connect to");
+    assert!(matches!(err, Error::Connection { .. }), "{err:?}");
+    assert_eq!(err.key(), key);
+    let err = locks.acquire(&key, None).await.expect_err("nothing to connect to");
+    assert!(matches!(err, Error::Connection { .. }), "{err:?}");
+    assert_eq!(locks.held_lock_count(), 0);
+}
+
+#[tokio::test]
+async fn a_refusing_server_is_a_typed_error_with_its_reason() {
+    let options = common::options(&app_name("refused")).database("no_such_database_for_pglock");
+    let pool = PgPoolOptions::new()
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_lazy_with(options);
+    let locks = PostgresLockManager::new(pool);
+    let err = locks
+        .acquire(&key("refused"), Some(Duration::from_secs(5)))
+        .await
+        .expect_err("the database does not exist");
+    match &err {
+        Error::Connection { reason, .. } => assert!(reason.contains("does not exist"), "{reason}"),
+        other => panic!("expected Connection, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn keys_of_any_shape_work_and_hash_as_specified() {
+    let observer = observer().await;
+    let locks = manager(&app_name("keys"), 2).await;
+    let suffix = uuid::Uuid::new_v4().to_string();
+    let keys = [
+        String::new() + &suffix,
+        format!("{suffix}\0nul\0bytes"),
+        format!("ключ-🔒-{suffix}-\u{FEFF}"),
+        format!("{suffix}'; SELECT pg_advisory_unlock_all(); --"),
+        format!("{suffix}{}", "x".repeat(1 << 20)),
+    ];
+    for key in &keys {
+        let guard = locks.acquire(key, Some(Duration::from_secs(10))).await.expect("acquire");
+        assert_eq!(&guard.key, key);
+        let rows = lock_rows(&observer, lock_id(key)).await;
+        assert_eq!(rows.len(), 1, "exactly the derived lock is held");
+        assert!(guard.release().await.expect("release"));
+    }
+    // The empty key is a key too.
+    let empty_guard = locks.acquire("", Some(Duration::from_secs(10))).await.expect("acquire");
+    assert_eq!(empty_guard.lock_id, 7183457195969485844);
+    assert_eq!(lock_rows(&observer, 7183457195969485844).await.len(), 1);
+    assert!(empty_guard.release().await.expect("release"));
+}
+
+#[tokio::test]
+async fn a_holder_id_of_any_content_is_kept_verbatim() {
+    let holder_id = "worker'); DROP TABLE pg_class; --\n\u{1F512}";
+    let locks = PostgresLockManager::builder(pool_named(2, &app_name("holder-id")).await)
+        .holder_id(holder_id)
+        .build();
+    let key = key("holder-id");
+    let guard = locks.acquire(&key, None).await.expect("acquire");
+    assert_eq!(guard.holder_id.as_deref(), Some(holder_id));
+    assert!(guard.release().await.expect("release"));
+}
+
+#[tokio::test]
+async fn in_process_contenders_share_one_session() {
+    let observer = observer().await;
+    let app = app_name("contenders");
+    let locks = manager(&app, 8).await;
+    let key = key("contenders");
+    let guard = locks.acquire(&key, None).await.expect("acquire");
+    let mut waiters = Vec::new();
+    for _ in 0..4 {
+        let (locks, key) = (locks.clone(), key.clone());
+        waiters.push(tokio::spawn(async move {
+            let guard = locks.acquire(&key, Some(Duration::from_secs(30))).await?;
+            guard.release().await
+        }));
+    }
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    // The four local waiters queue in-process: one session holds, none waits on the server.
+    let rows = lock_rows(&observer, lock_id(&key)).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(rows[0].granted);
+    assert!(
+        sessions_of(&observer, &app)
+            .await
+            .iter()
+            .all(|s| s.wait_event_type.as_deref() != Some("Lock")),
+        "no session of the manager waits on the server"
+    );
+    assert!(guard.release().await.expect("release"));
+    for waiter in waiters {
+        assert!(waiter.await.expect("join").expect("each waiter got its turn"));
+    }
+    assert_pool_clean(&observer, &app).await;
+}
+
+#[tokio::test]
+async fn a_failed_unlock_is_reported_and_its_connection_is_not_pooled() {
+    let observer = observer().await;
+    let app = app_name("dead-session");
+    let locks = manager(&app, 2).await;
+    let key = key("dead-session");
+    assert!(locks.try_acquire(&key).await.expect("try").is_some());
+    let holder_pid = lock_rows(&observer, lock_id(&key)).await[0].pid;
+    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(holder_pid)
+        .fetch_one(&observer)
+        .await
+        .expect("terminate");
+    assert!(terminated);
+
+    let err = locks.release(&key).await.expect_err("the session is gone");
+    assert!(matches!(err, Error::ReleaseFailed { .. }), "{err:?}");
+    assert_eq!(locks.held_lock_count(), 0, "the registry forgot the lock anyway");
+    // The dead connection did not go back to the pool: the next acquisition works.
+    let guard = locks
+        .acquire(&key, Some(Duration::from_secs(10)))
+        .await
+        .expect("a fresh session");
+    assert!(guard.release().await.expect("release"));
+    assert!(
+        sessions_of(&observer, &app).await.iter().all(|s| s.pid != holder_pid),
+        "the terminated backend is not among the pool's sessions"
+    );
+}
+
+#[tokio::test]
+async fn dropping_the_manager_frees_its_locks() {
+    let observer = observer().await;
+    let app = app_name("dropped-manager");
+    let locks = manager(&app, 2).await;
+    let key = key("dropped-manager");
+    assert!(locks.try_acquire(&key).await.expect("try").is_some());
+    drop(locks);
+    assert_pool_clean(&observer, &app).await;
+    let next = manager(&app_name("next"), 2).await;
+    let guard = next
+        .acquire(&key, Some(Duration::from_secs(10)))
+        .await
+        .expect("the dropped manager's lock was freed");
+    assert!(guard.release().await.expect("release"));
+}
+
+/// Runs this test binary again as a separate process holding `key`, and returns it once it
+/// reports that it holds the lock.
+fn spawn_holder_process(test_name: &str, key: &str) -> std::process::Child {
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+        .env("PGLOCK_TEST_HOLDER_KEY", key)
+        .env("DATABASE_URL", common::url())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn the holder process");
+    let stdout = child.stdout.take().expect("stdout");
+    let held = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .any(|line| line.ends_with("HELD"));
+    assert!(held, "the holder process never reported holding the lock");
+    child
+}
+
+/// The holder process's side: take the lock, say so, then exit or wait to be killed, never
+/// releasing.
+async fn act_as_holder_process(key: &str) -> ! {
+    let locks = PostgresLockManager::new(common::pool(2).await);
+    let guard = locks.acquire(key, None).await.expect("the holder process takes the lock");
+    // The test harness may have printed "test name ... " on this line already.
+    println!("HELD");
+    std::io::stdout().flush().expect("flush");
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).expect("read the parent's order");
+    drop(std::hint::black_box(guard.leak()));
+    // Exit without releasing: no destructor runs, the lock is left to the server.
+    std::process::exit(0);
+}
+
+#[tokio::test]
+async fn a_holder_process_that_exits_without_releasing_frees_the_lock() {
+    if let Ok(key) = std::env::var("PGLOCK_TEST_HOLDER_KEY") {
+        act_as_holder_process(&key).await;
+    }
+    let key = key("holder-process-exit");
+    let next = manager(&app_name("next"), 2).await;
+    let mut child = spawn_holder_process(
+        "a_holder_process_that_exits_without_releasing_frees_the_lock",
+        &key,
+    );
+    assert!(next.try_acquire(&key).await.expect("try").is_none(), "the child holds it");
+    writeln!(child.stdin.take().expect("stdin"), "exit").expect("tell the child to exit");
+    assert!(child.wait().expect("wait").success());
+    let guard = next
+        .acquire(&key, Some(Duration::from_secs(10)))
+        .await
+        .expect("the exited holder's lock was freed by the server");
+    assert!(guard.release().await.expect("release"));
+}
+
+#[tokio::test]
+async fn a_killed_holder_process_frees_the_lock() {
+    if let Ok(key) = std::env::var("PGLOCK_TEST_HOLDER_KEY") {
+        act_as_holder_process(&key).await;
+    }
+    let key = key("holder-process-kill");
+    let next = manager(&app_name("next"), 2).await;
+    let mut child = spawn_holder_process("a_killed_holder_process_frees_the_lock", &key);
+    assert!(next.try_acquire(&key).await.expect("try").is_none(), "the child holds it");
+    child.kill().expect("SIGKILL the holder");
+    child.wait().expect("wait");
+    let guard = next
+        .acquire(&key, Some(Duration::from_secs(10)))
+        .await
+        .expect("the killed holder's lock was freed by the server");
+    assert!(guard.release().await.expect("release"));
+}
+
+#[tokio::test]
+async fn clones_are_one_holder_and_separate_managers_are_two() {
+    let pool = pool_named(4, &app_name("clones")).await;
+    let one = Arc::new(PostgresLockManager::new(pool.clone()));
+    let same = one.clone();
+    let other = PostgresLockManager::new(pool);
+    let key = key("clones");
+    assert!(one.try_acquire(&key).await.expect("try").is_some());
+    assert!(same.is_held(&key).await, "a clone sees the same registry");
+    assert!(!other.is_held(&key).await, "another manager is another holder");
+    assert!(other.try_acquire(&key).await.expect("try").is_none());
+    same.release(&key).await.expect("a clone may release it");
+    assert_eq!(one.held_lock_count(), 0);
+}
