@@ -396,7 +396,12 @@ impl<B: Backend> Core<B> {
         Ok(released)
     }
 
-    async fn release_generation(&self, key: &str, generation: u64, how: &'static str) -> Result<bool> {
+    async fn release_generation(
+        &self,
+        key: &str,
+        generation: u64,
+        how: &'static str,
+    ) -> Result<bool> {
         let (span, mut recorder) = self.release_span(key, lock_id(key), how);
         match self
             .forget_generation(key, generation)
@@ -483,9 +488,9 @@ impl<B: Backend> std::fmt::Debug for CoreGuard<B> {
 #[async_trait]
 impl<B: Backend> GuardBackend for CoreGuard<B> {
     async fn release(mut self: Box<Self>) -> Result<bool> {
-        let (span, mut recorder) = self
-            .core
-            .release_span(&self.key, lock_id(&self.key), via::GUARD);
+        let (span, mut recorder) =
+            self.core
+                .release_span(&self.key, lock_id(&self.key), via::GUARD);
         // Stay armed until the registry entry is out: if this future is dropped while waiting
         // for the registry, `Drop` still releases.
         let held = self

@@ -54,7 +54,12 @@
 //! * **Deadlines are deadlines**: one timeout covers pool checkout and the wait on the server,
 //!   and the wait happens on the server, in its FIFO queue, without client-side polling.
 #![forbid(unsafe_code)]
-#![warn(missing_docs, unreachable_pub, missing_debug_implementations, rust_2018_idioms)]
+#![warn(
+    missing_docs,
+    unreachable_pub,
+    missing_debug_implementations,
+    rust_2018_idioms
+)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod core;

@@ -24,7 +24,11 @@ async fn run_all_runs_every_case_on_a_shared_server() {
     let server = pglock::InMemoryLockServer::new();
     pglock::testing::conformance::run_all(|| {
         let server = server.clone();
-        async move { pglock::InMemoryLockManager::builder().server(&server).build() }
+        async move {
+            pglock::InMemoryLockManager::builder()
+                .server(&server)
+                .build()
+        }
     })
     .await;
 }

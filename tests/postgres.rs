@@ -24,7 +24,10 @@ async fn manager(app: &str, max: u32) -> PostgresLockManager {
 
 #[tokio::test]
 async fn two_managers_exclude_each_other() {
-    let (a, b) = (manager(&app_name("a"), 2).await, manager(&app_name("b"), 2).await);
+    let (a, b) = (
+        manager(&app_name("a"), 2).await,
+        manager(&app_name("b"), 2).await,
+    );
     let key = key("exclusion");
     let guard = a.acquire(&key, None).await.expect("a takes the free key");
     assert!(b.try_acquire(&key).await.expect("try").is_none());
@@ -54,8 +57,14 @@ async fn pg_locks_shows_one_exclusive_advisory_lock_on_an_idle_session() {
     let (classid, objid) = split_lock_id(lock_id(&key));
     assert_eq!(rows.len(), 1, "{rows:?}");
     let row = &rows[0];
-    assert_eq!((row.classid, row.objid), (i64::from(classid), i64::from(objid)));
-    assert_eq!(row.objsubid, 1, "single-bigint advisory locks have objsubid 1");
+    assert_eq!(
+        (row.classid, row.objid),
+        (i64::from(classid), i64::from(objid))
+    );
+    assert_eq!(
+        row.objsubid, 1,
+        "single-bigint advisory locks have objsubid 1"
+    );
     assert_eq!(row.mode, "ExclusiveLock");
     assert!(row.granted);
 
@@ -87,7 +96,10 @@ async fn a_blocking_acquire_waits_on_the_server_without_polling() {
         async move { waiter.acquire(&key, Some(Duration::from_secs(30))).await }
     });
     eventually("the waiter is queued on the server", || async {
-        lock_rows(&observer, lock_id(&key)).await.iter().any(|row| !row.granted)
+        lock_rows(&observer, lock_id(&key))
+            .await
+            .iter()
+            .any(|row| !row.granted)
     })
     .await;
     let waiting_session = |sessions: Vec<common::SessionRow>| {
@@ -98,19 +110,31 @@ async fn a_blocking_acquire_waits_on_the_server_without_polling() {
     };
     let first = waiting_session(sessions_of(&observer, &waiter_app).await);
     assert_eq!(first.wait_event.as_deref(), Some("advisory"));
-    assert!(first.query.as_deref().unwrap_or("").contains("pg_advisory_lock"));
+    assert!(
+        first
+            .query
+            .as_deref()
+            .unwrap_or("")
+            .contains("pg_advisory_lock")
+    );
     // One statement waits the whole time: no retry loop re-issues it.
     let mut samples = 0;
     for _ in 0..5 {
         tokio::task::yield_now().await;
         let again = waiting_session(sessions_of(&observer, &waiter_app).await);
-        assert_eq!((again.pid, again.query_start), (first.pid, first.query_start));
+        assert_eq!(
+            (again.pid, again.query_start),
+            (first.pid, first.query_start)
+        );
         samples += 1;
     }
     assert_eq!(samples, 5);
 
     assert!(guard.release().await.expect("release"));
-    let granted = waiting.await.expect("join").expect("granted after the release");
+    let granted = waiting
+        .await
+        .expect("join")
+        .expect("granted after the release");
     assert!(granted.release().await.expect("release"));
 }
 
@@ -132,7 +156,12 @@ async fn waiters_are_served_in_arrival_order() {
         }));
         // Let each waiter queue on the server before the next one arrives.
         eventually(&format!("{} waiters queued", n + 1), || async {
-            lock_rows(&observer, lock_id(&key)).await.iter().filter(|r| !r.granted).count() == n + 1
+            lock_rows(&observer, lock_id(&key))
+                .await
+                .iter()
+                .filter(|r| !r.granted)
+                .count()
+                == n + 1
         })
         .await;
     }
@@ -163,12 +192,24 @@ async fn a_timed_out_wait_leaves_its_connection_clean_and_pooled() {
         .await
         .expect_err("held elsewhere");
     assert!(err.is_timeout(), "{err:?}");
-    let pids: Vec<i32> = sessions_of(&observer, &app).await.iter().map(|s| s.pid).collect();
-    assert_eq!(pids.len(), 1, "the waiter's one connection is still open: {pids:?}");
+    let pids: Vec<i32> = sessions_of(&observer, &app)
+        .await
+        .iter()
+        .map(|s| s.pid)
+        .collect();
+    assert_eq!(
+        pids.len(),
+        1,
+        "the waiter's one connection is still open: {pids:?}"
+    );
 
     // The same connection went back to the pool, idle, with every setting at its default.
     let state = sessions_of(&observer, &app).await[0].state.clone();
-    assert_eq!(state.as_deref(), Some("idle"), "no transaction was left open");
+    assert_eq!(
+        state.as_deref(),
+        Some("idle"),
+        "no transaction was left open"
+    );
     let mut conn = pool.acquire().await.expect("the connection was returned");
     let (pid, lock_timeout, check_interval): (i32, String, String) = sqlx::query_as(
         "SELECT pg_backend_pid(), current_setting('lock_timeout'), \
@@ -194,7 +235,10 @@ async fn pool_exhaustion_is_a_typed_error_within_the_deadline() {
         .await
         .expect("connect");
     let locks = PostgresLockManager::new(pool);
-    let first = locks.acquire(&key("pins-the-pool"), None).await.expect("acquire");
+    let first = locks
+        .acquire(&key("pins-the-pool"), None)
+        .await
+        .expect("acquire");
 
     let other = key("needs-a-connection");
     let started = Instant::now();
@@ -215,11 +259,17 @@ async fn pool_exhaustion_is_a_typed_error_within_the_deadline() {
         }
         other => panic!("expected PoolExhausted, got {other:?}"),
     }
-    assert!(err.to_string().contains("connection pool exhausted"), "{err}");
+    assert!(
+        err.to_string().contains("connection pool exhausted"),
+        "{err}"
+    );
     assert!(elapsed < Duration::from_secs(2), "took {elapsed:?}");
 
     // try_acquire is bounded by the pool's own acquire_timeout.
-    let err = locks.try_acquire(&other).await.expect_err("no connection is free");
+    let err = locks
+        .try_acquire(&other)
+        .await
+        .expect_err("no connection is free");
     assert!(matches!(err, Error::PoolExhausted { .. }), "{err:?}");
     assert!(first.release().await.expect("release"));
     assert!(locks.try_acquire(&other).await.expect("try").is_some());
@@ -249,10 +299,16 @@ async fn an_unreachable_server_is_a_typed_error_within_the_deadline() {
     assert!(matches!(err, Error::Connection { .. }), "{err:?}");
     assert!(elapsed < Duration::from_secs(2), "took {elapsed:?}");
 
-    let err = locks.try_acquire(&key).await.expect_err("nothing to connect to");
+    let err = locks
+        .try_acquire(&key)
+        .await
+        .expect_err("nothing to connect to");
     assert!(matches!(err, Error::Connection { .. }), "{err:?}");
     assert_eq!(err.key(), key);
-    let err = locks.acquire(&key, None).await.expect_err("nothing to connect to");
+    let err = locks
+        .acquire(&key, None)
+        .await
+        .expect_err("nothing to connect to");
     assert!(matches!(err, Error::Connection { .. }), "{err:?}");
     assert_eq!(locks.held_lock_count(), 0);
 }
@@ -287,14 +343,20 @@ async fn keys_of_any_shape_work_and_hash_as_specified() {
         format!("{suffix}{}", "x".repeat(1 << 20)),
     ];
     for key in &keys {
-        let guard = locks.acquire(key, Some(Duration::from_secs(10))).await.expect("acquire");
+        let guard = locks
+            .acquire(key, Some(Duration::from_secs(10)))
+            .await
+            .expect("acquire");
         assert_eq!(&guard.key, key);
         let rows = lock_rows(&observer, lock_id(key)).await;
         assert_eq!(rows.len(), 1, "exactly the derived lock is held");
         assert!(guard.release().await.expect("release"));
     }
     // The empty key is a key too.
-    let empty_guard = locks.acquire("", Some(Duration::from_secs(10))).await.expect("acquire");
+    let empty_guard = locks
+        .acquire("", Some(Duration::from_secs(10)))
+        .await
+        .expect("acquire");
     assert_eq!(empty_guard.lock_id, 7183457195969485844);
     assert_eq!(lock_rows(&observer, 7183457195969485844).await.len(), 1);
     assert!(empty_guard.release().await.expect("release"));
@@ -343,7 +405,12 @@ async fn in_process_contenders_share_one_session() {
     );
     assert!(guard.release().await.expect("release"));
     for waiter in waiters {
-        assert!(waiter.await.expect("join").expect("each waiter got its turn"));
+        assert!(
+            waiter
+                .await
+                .expect("join")
+                .expect("each waiter got its turn")
+        );
     }
     assert_pool_clean(&observer, &app).await;
 }
@@ -365,7 +432,11 @@ async fn a_failed_unlock_is_reported_and_its_connection_is_not_pooled() {
 
     let err = locks.release(&key).await.expect_err("the session is gone");
     assert!(matches!(err, Error::ReleaseFailed { .. }), "{err:?}");
-    assert_eq!(locks.held_lock_count(), 0, "the registry forgot the lock anyway");
+    assert_eq!(
+        locks.held_lock_count(),
+        0,
+        "the registry forgot the lock anyway"
+    );
     // The dead connection did not go back to the pool: the next acquisition works.
     let guard = locks
         .acquire(&key, Some(Duration::from_secs(10)))
@@ -373,7 +444,10 @@ async fn a_failed_unlock_is_reported_and_its_connection_is_not_pooled() {
         .expect("a fresh session");
     assert!(guard.release().await.expect("release"));
     assert!(
-        sessions_of(&observer, &app).await.iter().all(|s| s.pid != holder_pid),
+        sessions_of(&observer, &app)
+            .await
+            .iter()
+            .all(|s| s.pid != holder_pid),
         "the terminated backend is not among the pool's sessions"
     );
 }
@@ -419,12 +493,17 @@ fn spawn_holder_process(test_name: &str, key: &str) -> std::process::Child {
 /// releasing.
 async fn act_as_holder_process(key: &str) -> ! {
     let locks = PostgresLockManager::new(common::pool(2).await);
-    let guard = locks.acquire(key, None).await.expect("the holder process takes the lock");
+    let guard = locks
+        .acquire(key, None)
+        .await
+        .expect("the holder process takes the lock");
     // The test harness may have printed "test name ... " on this line already.
     println!("HELD");
     std::io::stdout().flush().expect("flush");
     let mut line = String::new();
-    std::io::stdin().read_line(&mut line).expect("read the parent's order");
+    std::io::stdin()
+        .read_line(&mut line)
+        .expect("read the parent's order");
     drop(std::hint::black_box(guard.leak()));
     // Exit without releasing: no destructor runs, the lock is left to the server.
     std::process::exit(0);
@@ -441,7 +520,10 @@ async fn a_holder_process_that_exits_without_releasing_frees_the_lock() {
         "a_holder_process_that_exits_without_releasing_frees_the_lock",
         &key,
     );
-    assert!(next.try_acquire(&key).await.expect("try").is_none(), "the child holds it");
+    assert!(
+        next.try_acquire(&key).await.expect("try").is_none(),
+        "the child holds it"
+    );
     writeln!(child.stdin.take().expect("stdin"), "exit").expect("tell the child to exit");
     assert!(child.wait().expect("wait").success());
     let guard = next
@@ -459,7 +541,10 @@ async fn a_killed_holder_process_frees_the_lock() {
     let key = key("holder-process-kill");
     let next = manager(&app_name("next"), 2).await;
     let mut child = spawn_holder_process("a_killed_holder_process_frees_the_lock", &key);
-    assert!(next.try_acquire(&key).await.expect("try").is_none(), "the child holds it");
+    assert!(
+        next.try_acquire(&key).await.expect("try").is_none(),
+        "the child holds it"
+    );
     child.kill().expect("SIGKILL the holder");
     child.wait().expect("wait");
     let guard = next
@@ -478,7 +563,10 @@ async fn clones_are_one_holder_and_separate_managers_are_two() {
     let key = key("clones");
     assert!(one.try_acquire(&key).await.expect("try").is_some());
     assert!(same.is_held(&key).await, "a clone sees the same registry");
-    assert!(!other.is_held(&key).await, "another manager is another holder");
+    assert!(
+        !other.is_held(&key).await,
+        "another manager is another holder"
+    );
     assert!(other.try_acquire(&key).await.expect("try").is_none());
     same.release(&key).await.expect("a clone may release it");
     assert_eq!(one.held_lock_count(), 0);

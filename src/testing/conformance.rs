@@ -149,12 +149,21 @@ const EVENTUALLY: Duration = Duration::from_secs(10);
 pub async fn acquire_yields_info_for_the_requested_key(manager: &dyn LockManager) {
     let key = key("info");
     let before = chrono::Utc::now();
-    let guard = manager.acquire(&key, None).await.expect("acquire a free key");
+    let guard = manager
+        .acquire(&key, None)
+        .await
+        .expect("acquire a free key");
     assert_eq!(guard.key, key);
     assert_eq!(guard.lock_id, lock_id(&key));
     assert_eq!(guard.holder_id.as_deref(), manager.holder_id());
-    assert!(guard.acquired_at >= before, "acquired_at is the time of the grant");
-    assert!(guard.release().await.expect("release"), "the release was confirmed");
+    assert!(
+        guard.acquired_at >= before,
+        "acquired_at is the time of the grant"
+    );
+    assert!(
+        guard.release().await.expect("release"),
+        "the release was confirmed"
+    );
 }
 
 /// Case 2: `is_held` and `held_lock_count` follow the guard's life.
@@ -190,7 +199,11 @@ pub async fn error_in_the_critical_section_propagates_and_releases(manager: &dyn
     let err = critical_section(manager, &key, marker)
         .await
         .expect_err("the critical section fails");
-    assert_eq!(err, Failure(marker), "the very error of the critical section");
+    assert_eq!(
+        err,
+        Failure(marker),
+        "the very error of the critical section"
+    );
     // The dropped guard releases in the background; a new acquisition is served once it has.
     let again = manager
         .acquire(&key, Some(EVENTUALLY))
@@ -201,9 +214,7 @@ pub async fn error_in_the_critical_section_propagates_and_releases(manager: &dyn
 
 /// Case 4: `try_acquire` takes a free key and refuses a held one, also when this very manager
 /// holds it.
-pub async fn try_acquire_succeeds_on_a_free_key_and_fails_on_a_held_one(
-    manager: &dyn LockManager,
-) {
+pub async fn try_acquire_succeeds_on_a_free_key_and_fails_on_a_held_one(manager: &dyn LockManager) {
     let key = key("try");
     let info = manager
         .try_acquire(&key)
@@ -214,7 +225,11 @@ pub async fn try_acquire_succeeds_on_a_free_key_and_fails_on_a_held_one(
     assert_eq!(info.holder_id.as_deref(), manager.holder_id());
     let again = manager.try_acquire(&key).await.expect("try_acquire");
     assert!(again.is_none(), "a held key is refused, even to its holder");
-    assert_eq!(manager.held_lock_count(), 1, "a refused try registers nothing");
+    assert_eq!(
+        manager.held_lock_count(),
+        1,
+        "a refused try registers nothing"
+    );
     manager.release(&key).await.expect("release");
 }
 
@@ -236,7 +251,10 @@ pub async fn release_of_a_never_held_key_is_not_held(manager: &dyn LockManager) 
         other => panic!("expected Error::NotHeld, got {other:?}"),
     }
     let err = manager.release(&key).await.expect_err("still not held");
-    assert_eq!(err.to_string(), format!("Lock '{key}' is not held by this session"));
+    assert_eq!(
+        err.to_string(),
+        format!("Lock '{key}' is not held by this session")
+    );
 }
 
 /// Case 7: a bounded acquisition of a held key fails with a timeout that names the key and the
@@ -319,21 +337,34 @@ pub async fn release_all_invalidates_guards(manager: &dyn LockManager) {
     let key = key("release-all-guard");
     let stale = manager.acquire(&key, None).await.expect("acquire");
     assert_eq!(manager.release_all().await.expect("release_all"), 1);
-    assert!(manager.try_acquire(&key).await.expect("try").is_some(), "the key is free again");
     assert!(
-        !stale.release().await.expect("a stale release is not an error"),
+        manager.try_acquire(&key).await.expect("try").is_some(),
+        "the key is free again"
+    );
+    assert!(
+        !stale
+            .release()
+            .await
+            .expect("a stale release is not an error"),
         "a stale guard has nothing to release"
     );
-    assert!(manager.is_held(&key).await, "the newer acquisition survives");
+    assert!(
+        manager.is_held(&key).await,
+        "the newer acquisition survives"
+    );
 
     manager.release(&key).await.expect("release");
     let stale = manager.acquire(&key, None).await.expect("acquire");
     assert_eq!(manager.release_all().await.expect("release_all"), 1);
     assert!(manager.try_acquire(&key).await.expect("try").is_some());
     drop(stale);
-    let blocked = manager.acquire(&key, Some(Duration::from_millis(100))).await;
+    let blocked = manager
+        .acquire(&key, Some(Duration::from_millis(100)))
+        .await;
     assert!(
-        blocked.expect_err("the newer acquisition still holds the key").is_timeout(),
+        blocked
+            .expect_err("the newer acquisition still holds the key")
+            .is_timeout(),
         "a stale guard's drop released the newer acquisition"
     );
     assert_eq!(manager.held_lock_count(), 1);
@@ -347,10 +378,16 @@ pub async fn release_all_invalidates_guards(manager: &dyn LockManager) {
 pub async fn release_by_key_invalidates_the_guard(manager: &dyn LockManager) {
     let key = key("release-key-guard");
     let guard = manager.acquire(&key, None).await.expect("acquire");
-    manager.release(&key).await.expect("release through the registry");
+    manager
+        .release(&key)
+        .await
+        .expect("release through the registry");
     assert!(manager.try_acquire(&key).await.expect("try").is_some());
     assert!(!guard.release().await.expect("stale release"));
-    assert!(manager.is_held(&key).await, "the newer acquisition survives");
+    assert!(
+        manager.is_held(&key).await,
+        "the newer acquisition survives"
+    );
     assert_eq!(manager.held_lock_count(), 1);
     manager.release(&key).await.expect("release");
 }
@@ -364,7 +401,10 @@ pub async fn cancelled_operations_leak_nothing(manager: &dyn LockManager) {
     for timeout in [None, Some(EVENTUALLY)] {
         let waiting = manager.acquire(&key, timeout);
         let outcome = tokio::time::timeout(Duration::from_millis(20), waiting).await;
-        assert!(outcome.is_err(), "the key is held, so the acquisition waits");
+        assert!(
+            outcome.is_err(),
+            "the key is held, so the acquisition waits"
+        );
     }
     // Cancel operations before their first poll, too.
     drop(manager.acquire(&key, None));
@@ -401,7 +441,11 @@ pub async fn deadline_is_honoured(manager: &dyn LockManager) {
         .acquire(&key, Some(Duration::ZERO))
         .await
         .expect("a zero timeout on a free key is one successful try");
-    for timeout in [Duration::ZERO, Duration::from_millis(10), Duration::from_millis(150)] {
+    for timeout in [
+        Duration::ZERO,
+        Duration::from_millis(10),
+        Duration::from_millis(150),
+    ] {
         let started = Instant::now();
         let err = manager
             .acquire(&key, Some(timeout))
@@ -409,7 +453,10 @@ pub async fn deadline_is_honoured(manager: &dyn LockManager) {
             .expect_err("the key is held");
         let elapsed = started.elapsed();
         assert!(err.is_timeout(), "expected a timeout, got {err:?}");
-        assert!(elapsed >= timeout, "gave up after {elapsed:?}, before its {timeout:?}");
+        assert!(
+            elapsed >= timeout,
+            "gave up after {elapsed:?}, before its {timeout:?}"
+        );
         assert!(
             elapsed < timeout + EVENTUALLY,
             "a {timeout:?} timeout took {elapsed:?}"
@@ -435,7 +482,11 @@ pub async fn reacquiring_an_own_key_waits_for_the_local_holder(manager: &dyn Loc
     });
     assert!(released.expect("release"));
     let second = second.expect("served once the local holder released");
-    assert_eq!(manager.held_lock_count(), 1, "one acquisition, not a stacked pair");
+    assert_eq!(
+        manager.held_lock_count(),
+        1,
+        "one acquisition, not a stacked pair"
+    );
     assert!(second.release().await.expect("release"));
     assert!(!manager.is_held(&key).await);
 }

@@ -39,8 +39,9 @@ pub fn database_url() -> &'static str {
 pub fn shared_server() -> &'static TempPostgres {
     static SERVER: OnceLock<TempPostgres> = OnceLock::new();
     SERVER.get_or_init(|| {
-        TempPostgres::start()
-            .unwrap_or_else(|err| panic!("could not start a throwaway PostgreSQL: {err}\n{HOW_TO_GET_ONE}"))
+        TempPostgres::start().unwrap_or_else(|err| {
+            panic!("could not start a throwaway PostgreSQL: {err}\n{HOW_TO_GET_ONE}")
+        })
     })
 }
 
@@ -70,7 +71,10 @@ impl TempPostgres {
     /// output.
     pub fn start() -> io::Result<TempPostgres> {
         let bin = find_bin_dir().ok_or_else(|| {
-            io::Error::new(io::ErrorKind::NotFound, "no PostgreSQL server binaries found")
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                "no PostgreSQL server binaries found",
+            )
         })?;
         let run_as = if running_as_root() {
             Some(env::var("PGLOCK_PG_USER").unwrap_or_else(|_| "postgres".to_owned()))
@@ -142,7 +146,10 @@ impl TempPostgres {
             .map_err(|err| {
                 let tail = fs::read_to_string(self.root.join("server.log")).unwrap_or_default();
                 let tail: String = tail.lines().rev().take(20).collect::<Vec<_>>().join("\n");
-                io::Error::new(err.kind(), format!("{err}; server log (last lines, newest first):\n{tail}"))
+                io::Error::new(
+                    err.kind(),
+                    format!("{err}; server log (last lines, newest first):\n{tail}"),
+                )
             })
     }
 
@@ -155,7 +162,18 @@ impl TempPostgres {
         let data = data.to_string_lossy();
         self.run(
             "initdb",
-            &["-D", &data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "-N"],
+            &[
+                "-D",
+                &data,
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "-N",
+            ],
         )?;
         let socket_dir = self.root.to_string_lossy().replace('\'', "''");
         let settings = format!(
@@ -210,7 +228,8 @@ impl TempPostgres {
     /// Starts a process that waits for our end of a pipe to close (which happens when this
     /// process exits, even on a crash) and then stops the server and deletes its directory.
     fn spawn_watchdog(&self) -> io::Result<()> {
-        let script = r#"cat >/dev/null; "$0" -D "$1" stop -m immediate >/dev/null 2>&1; rm -rf "$2""#;
+        let script =
+            r#"cat >/dev/null; "$0" -D "$1" stop -m immediate >/dev/null 2>&1; rm -rf "$2""#;
         let child = self
             .command(Path::new("sh"))
             .arg("-c")
@@ -230,7 +249,11 @@ impl TempPostgres {
 impl Drop for TempPostgres {
     fn drop(&mut self) {
         let _ = self.pg_ctl(&["stop", "-m", "immediate", "-w"]);
-        let watchdog = self.watchdog.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let watchdog = self
+            .watchdog
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         if let Some(mut watchdog) = watchdog {
             // Closing its stdin lets the watchdog finish the clean-up; wait so the directory is
             // gone when drop returns.

@@ -36,7 +36,10 @@ pub async fn pool(max: u32) -> PgPool {
 
 /// A unique `application_name` for one test's pool.
 pub fn app_name(label: &str) -> String {
-    format!("pglock-{label}-{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
+    format!(
+        "pglock-{label}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
 }
 
 /// A key no other test uses.
@@ -189,9 +192,10 @@ where
 /// however it ended. Sessions closed by the code under test may take a moment to leave the
 /// server's views, so this waits for that.
 pub async fn assert_pool_clean(observer: &PgPool, app: &str) {
-    eventually(&format!("the sessions of {app} hold no advisory lock"), || async {
-        advisory_locks_of(observer, app).await.is_empty()
-    })
+    eventually(
+        &format!("the sessions of {app} hold no advisory lock"),
+        || async { advisory_locks_of(observer, app).await.is_empty() },
+    )
     .await;
     eventually(&format!("every session of {app} is idle"), || async {
         sessions_of(observer, app)
