@@ -3,38 +3,52 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::PgPool;
+use sqlx::{AssertSqlSafe, PgPool, Row};
 use tokio::time::{Instant, timeout, timeout_at};
 
 use super::session::PgSession;
 use crate::core::{Backend, Request};
 use crate::{Error, ReleaseFailure, Result};
 
-// Every statement is one round trip in autocommit, prepared once per connection. Settings are
-// changed with `set_config(.., true)`, which lasts only for the statement's own implicit
-// transaction, so nothing outlives the statement. The WHERE clause of a FROM-less SELECT is
-// evaluated before its target list, so the settings are in force when the lock call waits.
+// Each statement is one round trip in autocommit. An acquisition first tries
+// (`pg_try_advisory_lock`, prepared once per connection), so an uncontended lock costs one round
+// trip. Only when the key is held elsewhere does it wait on the server, with one simple-query
+// message: `SET LOCAL`s followed by `pg_advisory_lock`, all in the message's implicit
+// transaction, so no setting outlives the wait whether it is granted or times out.
 //
-// `client_connection_check_interval` (PostgreSQL 14+) makes a server-side waiter notice that
-// its client went away (a cancelled acquire closes the session) instead of waiting on until it
-// is granted the lock it no longer wants.
-const LOCK_WAIT: &str = "SELECT pg_backend_pid(), pg_advisory_lock($1)::text \
-     WHERE set_config('client_connection_check_interval', $2, true) IS NOT NULL";
-const LOCK_WAIT_UNTIL: &str = "SELECT pg_backend_pid(), pg_advisory_lock($1)::text \
-     WHERE set_config('client_connection_check_interval', $2, true) IS NOT NULL \
-     AND set_config('lock_timeout', $3, true) IS NOT NULL";
-const LOCK_WAIT_UNTIL_PG13: &str = "SELECT pg_backend_pid(), pg_advisory_lock($1)::text \
-     WHERE $2::text IS NOT NULL AND set_config('lock_timeout', $3, true) IS NOT NULL";
-const LOCK_WAIT_PG13: &str =
-    "SELECT pg_backend_pid(), pg_advisory_lock($1)::text WHERE $2::text IS NOT NULL";
+// * `lock_timeout` makes the server end the wait at the caller's deadline (SQLSTATE 55P03),
+//   leaving the session clean; no client-side polling.
+// * `client_connection_check_interval` (PostgreSQL 14+) makes a waiting backend notice that its
+//   client has gone (a cancelled acquisition closes its session) and leave the lock queue,
+//   instead of waiting on until it is granted a lock nobody wants. The server arms that check
+//   when a statement starts, which is why it must be set by an earlier statement of the same
+//   message rather than inside the waiting statement itself.
+//
+// The waiting statement is built from integers the crate computed (never from user text).
 const TRY_LOCK: &str = "SELECT pg_backend_pid(), pg_try_advisory_lock($1)";
 const UNLOCK: &str = "SELECT pg_advisory_unlock($1)";
 
 /// How often a waiting backend checks that its client is still there, in milliseconds.
-const CLIENT_CHECK_MS: &str = "200";
+const CLIENT_CHECK_MS: u32 = 200;
 
 /// SQLSTATE `lock_not_available`: `lock_timeout` expired while waiting, so nothing was granted.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
+
+fn wait_statement(lock_id: i64, timeout_ms: Option<u128>, server_version: u32) -> String {
+    let mut sql = String::with_capacity(160);
+    if server_version >= 140_000 {
+        sql.push_str(&format!(
+            "SET LOCAL client_connection_check_interval = {CLIENT_CHECK_MS}; "
+        ));
+    }
+    if let Some(ms) = timeout_ms {
+        sql.push_str(&format!("SET LOCAL lock_timeout = {ms}; "));
+    }
+    sql.push_str(&format!(
+        "SELECT pg_backend_pid(), pg_advisory_lock({lock_id})::text"
+    ));
+    sql
+}
 
 pub(crate) struct PgBackend {
     pub(crate) pool: PgPool,
@@ -92,62 +106,50 @@ impl Backend for PgBackend {
     type Session = PgSession;
 
     async fn lock(&self, req: &Request<'_>) -> Result<PgSession> {
-        if let Some(timeout) = req.timeout.filter(|t| t.is_zero()) {
-            return self
-                .try_lock(req)
-                .await?
-                .ok_or_else(|| Error::timeout(req.key, timeout));
-        }
         let mut session = self.checkout(req).await?;
-        let modern = session.server_version() >= 140_000;
-        let (Some(timeout), Some(deadline)) = (req.timeout, req.deadline) else {
-            let statement = if modern { LOCK_WAIT } else { LOCK_WAIT_PG13 };
-            let (pid, _): (i32, String) = sqlx::query_as(statement)
-                .bind(req.lock_id)
-                .bind(CLIENT_CHECK_MS)
-                .fetch_one(session.conn())
-                .await
-                .map_err(|err| statement_error(req.key, None, err, &mut session))?;
-            session.pid = pid;
+        if try_on(&mut session, req).await? {
             return Ok(session);
-        };
-        // Round up, so the server never gives up before the deadline.
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        let remaining_ms = remaining.as_nanos().div_ceil(1_000_000);
-        if remaining_ms == 0 {
-            return try_lock_on(session, req)
-                .await?
-                .ok_or_else(|| Error::timeout(req.key, timeout));
         }
-        let statement = if modern {
-            LOCK_WAIT_UNTIL
-        } else {
-            LOCK_WAIT_UNTIL_PG13
+        // Held elsewhere. `session` is clean again: it goes back to the pool if we stop here.
+        let timeout_ms = match (req.timeout, req.deadline) {
+            (None, _) => None,
+            (Some(timeout), Some(deadline)) if !timeout.is_zero() => {
+                // Round up, so the server never gives up before the deadline.
+                let remaining = deadline.saturating_duration_since(Instant::now());
+                match remaining.as_nanos().div_ceil(1_000_000) {
+                    0 => return Err(Error::timeout(req.key, timeout)),
+                    ms => Some(ms),
+                }
+            }
+            (Some(timeout), _) => return Err(Error::timeout(req.key, timeout)),
         };
-        let granted = sqlx::query_as::<_, (i32, String)>(statement)
-            .bind(req.lock_id)
-            .bind(CLIENT_CHECK_MS)
-            .bind(remaining_ms.to_string())
-            .fetch_one(session.conn());
-        match timeout_at(deadline + self.answer_grace, granted).await {
-            Ok(Ok((pid, _))) => {
-                session.pid = pid;
+        let sql = wait_statement(req.lock_id, timeout_ms, session.server_version());
+        let waiting = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_one(session.conn());
+        let answer = match req.deadline {
+            Some(deadline) => match timeout_at(deadline + self.answer_grace, waiting).await {
+                Ok(answer) => answer,
+                // The server did not answer: the session (dropped dirty) is closed.
+                Err(_) => return Err(Error::timeout(req.key, req.timeout.unwrap_or_default())),
+            },
+            None => waiting.await,
+        };
+        match answer {
+            Ok(row) => {
+                session.pid = row.try_get(0).unwrap_or_default();
                 Ok(session)
             }
-            Ok(Err(err)) if has_sqlstate(&err, LOCK_NOT_AVAILABLE) => {
-                // lock_timeout fired while waiting: nothing granted, the session is clean.
+            Err(err) if has_sqlstate(&err, LOCK_NOT_AVAILABLE) && req.timeout.is_some() => {
+                // Our lock_timeout fired while waiting: nothing was granted.
                 session.mark_clean();
-                Err(Error::timeout(req.key, timeout))
+                Err(Error::timeout(req.key, req.timeout.unwrap_or_default()))
             }
-            Ok(Err(err)) => Err(statement_error(req.key, Some(timeout), err, &mut session)),
-            // The server did not answer: the session (dropped dirty) is closed.
-            Err(_) => Err(Error::timeout(req.key, timeout)),
+            Err(err) => Err(statement_error(req.key, req.timeout, err, &mut session)),
         }
     }
 
     async fn try_lock(&self, req: &Request<'_>) -> Result<Option<PgSession>> {
-        let session = self.checkout(req).await?;
-        try_lock_on(session, req).await
+        let mut session = self.checkout(req).await?;
+        Ok(try_on(&mut session, req).await?.then_some(session))
     }
 
     async fn unlock(&self, key: &str, lock_id: i64, mut session: PgSession) -> Result<()> {
@@ -172,19 +174,19 @@ impl Backend for PgBackend {
     }
 }
 
-async fn try_lock_on(mut session: PgSession, req: &Request<'_>) -> Result<Option<PgSession>> {
+/// One `pg_try_advisory_lock` on `session`. When it is refused, the session is clean again.
+async fn try_on(session: &mut PgSession, req: &Request<'_>) -> Result<bool> {
     let (pid, granted): (i32, bool) = sqlx::query_as(TRY_LOCK)
         .bind(req.lock_id)
         .fetch_one(session.conn())
         .await
-        .map_err(|err| statement_error(req.key, req.timeout, err, &mut session))?;
+        .map_err(|err| statement_error(req.key, req.timeout, err, session))?;
     if granted {
         session.pid = pid;
-        Ok(Some(session))
     } else {
         session.mark_clean();
-        Ok(None)
     }
+    Ok(granted)
 }
 
 fn has_sqlstate(err: &sqlx::Error, code: &str) -> bool {

@@ -1,0 +1,169 @@
+//! A timeout is one deadline over the whole acquisition, enforced by the server: never early,
+//! late by about a round trip, and the same whichever wait the deadline falls in.
+//!
+//! These tests print the overshoot they observe (run with `--nocapture` to see it). Their
+//! bounds are loose on purpose, because CI machines are noisy: they catch a deadline that is
+//! missed by a polling interval, not one that is a millisecond late. Speed itself is measured
+//! by the benchmarks.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{app_name, key, pool_named};
+use pglock::{Error, LockManager, PostgresLockManager};
+use tokio::time::Instant;
+
+async fn manager(label: &str, max: u32) -> PostgresLockManager {
+    PostgresLockManager::new(pool_named(max, &app_name(label)).await)
+}
+
+/// Overshoots past the deadline of `rounds` timed-out acquisitions, sorted.
+async fn overshoots(
+    locks: &PostgresLockManager,
+    key: &str,
+    timeout: Duration,
+    rounds: usize,
+) -> Vec<Duration> {
+    let mut overshoots = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let started = Instant::now();
+        let err = locks
+            .acquire(key, Some(timeout))
+            .await
+            .expect_err("the key is held elsewhere");
+        let elapsed = started.elapsed();
+        assert!(err.is_timeout(), "{err:?}");
+        assert!(
+            elapsed >= timeout,
+            "gave up after {elapsed:?}, before its {timeout:?}"
+        );
+        overshoots.push(elapsed - timeout);
+    }
+    overshoots.sort();
+    overshoots
+}
+
+fn report(what: &str, overshoots: &[Duration]) {
+    let at = |q: f64| overshoots[((overshoots.len() - 1) as f64 * q).round() as usize];
+    println!(
+        "{what}: n={} overshoot min={:?} p50={:?} p90={:?} max={:?}",
+        overshoots.len(),
+        overshoots[0],
+        at(0.5),
+        at(0.9),
+        overshoots[overshoots.len() - 1]
+    );
+}
+
+fn assert_close(what: &str, overshoots: &[Duration]) {
+    report(what, overshoots);
+    let median = overshoots[overshoots.len() / 2];
+    assert!(
+        median < Duration::from_millis(25),
+        "{what}: median overshoot {median:?}; a deadline should end within about a round trip"
+    );
+    let worst = overshoots[overshoots.len() - 1];
+    assert!(
+        worst < Duration::from_secs(1),
+        "{what}: worst overshoot {worst:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_wait_on_the_server_ends_within_a_round_trip_of_the_deadline() {
+    let holder = manager("holder", 2).await;
+    let waiter = manager("waiter", 2).await;
+    let key = key("server-deadline");
+    let guard = holder.acquire(&key, None).await.expect("acquire");
+    for timeout in [Duration::from_millis(20), Duration::from_millis(120)] {
+        let observed = overshoots(&waiter, &key, timeout, 15).await;
+        assert_close(&format!("server wait, timeout {timeout:?}"), &observed);
+    }
+    assert!(guard.release().await.expect("release"));
+}
+
+#[tokio::test]
+async fn a_wait_behind_the_managers_own_holder_ends_at_the_deadline() {
+    let locks = manager("local", 2).await;
+    let key = key("local-deadline");
+    let guard = locks.acquire(&key, None).await.expect("acquire");
+    let observed = overshoots(&locks, &key, Duration::from_millis(60), 15).await;
+    assert_close("local turn wait, timeout 60ms", &observed);
+    assert!(guard.release().await.expect("release"));
+}
+
+#[tokio::test]
+async fn one_deadline_covers_the_local_queue_and_the_server_wait() {
+    // The key is held by another process; a first task of this manager waits on the server,
+    // so a second task must first queue behind it locally. Its one deadline covers both.
+    let holder = manager("holder", 2).await;
+    let locks = manager("two-stage", 2).await;
+    let key = key("two-stage-deadline");
+    let held = holder.acquire(&key, None).await.expect("acquire");
+    let first = tokio::spawn({
+        let (locks, key) = (locks.clone(), key.clone());
+        async move { locks.acquire(&key, Some(Duration::from_millis(400))).await }
+    });
+    tokio::task::yield_now().await;
+    let started = Instant::now();
+    let err = locks
+        .acquire(&key, Some(Duration::from_millis(200)))
+        .await
+        .expect_err("queued behind the first task, which waits on the server");
+    let elapsed = started.elapsed();
+    assert!(err.is_timeout(), "{err:?}");
+    assert!(elapsed >= Duration::from_millis(200), "{elapsed:?}");
+    assert!(elapsed < Duration::from_secs(1), "{elapsed:?}");
+    let first = first
+        .await
+        .expect("join")
+        .expect_err("held for its whole deadline");
+    assert!(first.is_timeout(), "{first:?}");
+    assert!(held.release().await.expect("release"));
+}
+
+#[tokio::test]
+async fn a_deadline_spent_waiting_for_the_pool_is_reported_as_exhaustion() {
+    let locks = manager("exhausted", 1).await;
+    let pinning = locks.acquire(&key("pinning"), None).await.expect("acquire");
+    let mut observed = Vec::new();
+    for _ in 0..5 {
+        let timeout = Duration::from_millis(50);
+        let started = Instant::now();
+        let err = locks
+            .acquire(&key("starved"), Some(timeout))
+            .await
+            .expect_err("the only connection is pinned");
+        let elapsed = started.elapsed();
+        assert!(matches!(err, Error::PoolExhausted { .. }), "{err:?}");
+        assert!(elapsed >= timeout, "{elapsed:?}");
+        observed.push(elapsed - timeout);
+    }
+    observed.sort();
+    assert_close("pool checkout, timeout 50ms", &observed);
+    assert!(pinning.release().await.expect("release"));
+}
+
+#[tokio::test]
+async fn a_zero_timeout_is_one_immediate_try() {
+    let holder = manager("holder", 2).await;
+    let locks = manager("zero", 2).await;
+    let key = key("zero");
+    let guard = locks
+        .acquire(&key, Some(Duration::ZERO))
+        .await
+        .expect("a free key is granted on the single try");
+    assert!(guard.release().await.expect("release"));
+    let held = holder.acquire(&key, None).await.expect("acquire");
+    let err = locks
+        .acquire(&key, Some(Duration::ZERO))
+        .await
+        .expect_err("held elsewhere");
+    assert!(err.is_timeout(), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        format!("Failed to acquire lock '{key}': Timeout after 0.0s")
+    );
+    assert!(held.release().await.expect("release"));
+}
