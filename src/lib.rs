@@ -85,3 +85,8 @@ pub use crate::key::{
 pub use crate::manager::LockManager;
 pub use crate::memory::{InMemoryLockManager, InMemoryLockManagerBuilder, InMemoryLockServer};
 pub use crate::postgres::{PostgresLockManager, PostgresLockManagerBuilder};
+
+// The README's Rust snippets are compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
