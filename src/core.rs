@@ -15,13 +15,14 @@ use tokio::time::{Instant, timeout_at};
 use tracing::{Instrument, Span, field::Empty};
 
 use crate::telemetry::{self, outcome, via};
-use crate::{Error, GuardBackend, LockGuard, LockInfo, Result, lock_id};
+use crate::{Error, GuardBackend, LockGuard, LockInfo, LockMode, Result, lock_id};
 
 /// One acquisition request, as the backend sees it.
 #[derive(Debug)]
 pub(crate) struct Request<'a> {
     pub(crate) key: &'a str,
     pub(crate) lock_id: i64,
+    pub(crate) mode: LockMode,
     /// What the caller asked for; `Some(ZERO)` means exactly one immediate attempt.
     pub(crate) timeout: Option<Duration>,
     /// `timeout` turned into an instant when the call started.
@@ -42,7 +43,13 @@ pub(crate) trait Backend: Send + Sync + 'static {
     async fn try_lock(&self, req: &Request<'_>) -> Result<Option<Self::Session>>;
 
     /// Lets the lock go and confirms it.
-    async fn unlock(&self, key: &str, lock_id: i64, session: Self::Session) -> Result<()>;
+    async fn unlock(
+        &self,
+        key: &str,
+        lock_id: i64,
+        mode: LockMode,
+        session: Self::Session,
+    ) -> Result<()>;
 }
 
 /// The await points of lock operations, named so tests can stop an operation at each of them
@@ -92,7 +99,7 @@ struct State<S> {
     turns: Slots<String>,
 }
 
-/// A table of one-permit FIFO semaphores created on demand, one per name.
+/// A table of FIFO semaphores created on demand, one per name.
 ///
 /// Entries are weak: a semaphore lives as long as someone holds or awaits it, and dead entries
 /// are swept whenever the table has doubled since the last sweep, so the table stays
@@ -100,13 +107,16 @@ struct State<S> {
 #[derive(Debug)]
 pub(crate) struct Slots<K> {
     slots: HashMap<K, Weak<Semaphore>>,
+    permits: usize,
     sweep_at: usize,
 }
 
 impl<K: std::hash::Hash + Eq> Slots<K> {
-    pub(crate) fn new() -> Self {
+    /// Semaphores of `permits` permits each.
+    pub(crate) fn new(permits: usize) -> Self {
         Slots {
             slots: HashMap::new(),
+            permits,
             sweep_at: 64,
         }
     }
@@ -119,7 +129,7 @@ impl<K: std::hash::Hash + Eq> Slots<K> {
         if let Some(slot) = self.slots.get(name).and_then(Weak::upgrade) {
             return slot;
         }
-        let slot = Arc::new(Semaphore::new(1));
+        let slot = Arc::new(Semaphore::new(self.permits));
         self.slots.insert(name.to_owned(), Arc::downgrade(&slot));
         if self.slots.len() >= self.sweep_at {
             self.slots.retain(|_, slot| slot.strong_count() > 0);
@@ -132,6 +142,7 @@ impl<K: std::hash::Hash + Eq> Slots<K> {
 struct Held<S> {
     generation: u64,
     lock_id: i64,
+    mode: LockMode,
     // Field order matters: the session (which may still hold the lock) goes before the turn,
     // so a local waiter never starts before the lock is at least being let go.
     session: S,
@@ -157,7 +168,7 @@ impl<B: Backend> Core<B> {
             backend,
             state: Mutex::new(State {
                 held: HashMap::new(),
-                turns: Slots::new(),
+                turns: Slots::new(1),
             }),
             held: AtomicUsize::new(0),
             generations: AtomicU64::new(0),
@@ -188,6 +199,7 @@ impl<B: Backend> Core<B> {
     pub(crate) async fn acquire(
         self: &Arc<Self>,
         key: &str,
+        mode: LockMode,
         timeout: Option<Duration>,
     ) -> Result<LockGuard> {
         let lock_id = lock_id(key);
@@ -196,6 +208,7 @@ impl<B: Backend> Core<B> {
                 telemetry::ACQUIRE_SPAN,
                 { telemetry::KEY } = key,
                 { telemetry::LOCK_ID } = lock_id,
+                { telemetry::MODE } = mode.as_str(),
                 { telemetry::TIMEOUT_MS } = Empty,
                 { telemetry::HOLDER_ID } = self.holder_id(),
                 { telemetry::OUTCOME } = Empty,
@@ -211,7 +224,7 @@ impl<B: Backend> Core<B> {
         let mut recorder = Outcome::new(span.clone());
         let started = Instant::now();
         let result = self
-            .acquire_traced(key, lock_id, timeout, started)
+            .acquire_traced(key, lock_id, mode, timeout, started)
             .instrument(span.clone())
             .await;
         span.record(telemetry::WAITED_MS, duration_ms(started.elapsed()));
@@ -230,6 +243,7 @@ impl<B: Backend> Core<B> {
         self: &Arc<Self>,
         key: &str,
         lock_id: i64,
+        mode: LockMode,
         timeout: Option<Duration>,
         started: Instant,
     ) -> Result<LockGuard> {
@@ -253,13 +267,14 @@ impl<B: Backend> Core<B> {
         let request = Request {
             key,
             lock_id,
+            mode,
             timeout,
             deadline,
         };
         let session = self.backend.lock(&request).await?;
         self.checkpoint(Stage::Register, key).await;
-        let info = self.info(key, lock_id);
-        let generation = self.register(key, lock_id, session, permit).await;
+        let info = self.info(key, lock_id, mode);
+        let generation = self.register(key, lock_id, mode, session, permit).await;
         let guard = CoreGuard {
             core: Arc::clone(self),
             key: key.to_owned(),
@@ -269,13 +284,14 @@ impl<B: Backend> Core<B> {
         Ok(LockGuard::new(info, Box::new(guard)))
     }
 
-    pub(crate) async fn try_acquire(&self, key: &str) -> Result<Option<LockInfo>> {
+    pub(crate) async fn try_acquire(&self, key: &str, mode: LockMode) -> Result<Option<LockInfo>> {
         let lock_id = lock_id(key);
         let span = if self.tracing {
             tracing::info_span!(
                 telemetry::TRY_ACQUIRE_SPAN,
                 { telemetry::KEY } = key,
                 { telemetry::LOCK_ID } = lock_id,
+                { telemetry::MODE } = mode.as_str(),
                 { telemetry::HOLDER_ID } = self.holder_id(),
                 { telemetry::OUTCOME } = Empty,
                 otel.status_code = Empty,
@@ -285,7 +301,7 @@ impl<B: Backend> Core<B> {
         };
         let mut recorder = Outcome::new(span.clone());
         let result = self
-            .try_acquire_traced(key, lock_id)
+            .try_acquire_traced(key, lock_id, mode)
             .instrument(span.clone())
             .await;
         match &result {
@@ -299,7 +315,12 @@ impl<B: Backend> Core<B> {
         result
     }
 
-    async fn try_acquire_traced(&self, key: &str, lock_id: i64) -> Result<Option<LockInfo>> {
+    async fn try_acquire_traced(
+        &self,
+        key: &str,
+        lock_id: i64,
+        mode: LockMode,
+    ) -> Result<Option<LockInfo>> {
         self.checkpoint(Stage::Turn, key).await;
         let turn = self.state.lock().await.turn(key);
         let Ok(permit) = turn.try_acquire_owned() else {
@@ -309,6 +330,7 @@ impl<B: Backend> Core<B> {
         let request = Request {
             key,
             lock_id,
+            mode,
             timeout: Some(Duration::ZERO),
             deadline: None,
         };
@@ -316,13 +338,13 @@ impl<B: Backend> Core<B> {
             return Ok(None);
         };
         self.checkpoint(Stage::Register, key).await;
-        let info = self.info(key, lock_id);
-        self.register(key, lock_id, session, permit).await;
+        let info = self.info(key, lock_id, mode);
+        self.register(key, lock_id, mode, session, permit).await;
         Ok(Some(info))
     }
 
-    fn info(&self, key: &str, lock_id: i64) -> LockInfo {
-        let mut info = LockInfo::new(key, self.holder_id.clone());
+    fn info(&self, key: &str, lock_id: i64, mode: LockMode) -> LockInfo {
+        let mut info = LockInfo::new(key, self.holder_id.clone()).with_mode(mode);
         debug_assert_eq!(info.lock_id, lock_id);
         info.lock_id = lock_id;
         info
@@ -332,6 +354,7 @@ impl<B: Backend> Core<B> {
         &self,
         key: &str,
         lock_id: i64,
+        mode: LockMode,
         session: B::Session,
         turn: OwnedSemaphorePermit,
     ) -> u64 {
@@ -339,6 +362,7 @@ impl<B: Backend> Core<B> {
         let held = Held {
             generation,
             lock_id,
+            mode,
             session,
             turn,
         };
@@ -422,6 +446,7 @@ impl<B: Backend> Core<B> {
                 telemetry::RELEASE_SPAN,
                 { telemetry::KEY } = key,
                 { telemetry::LOCK_ID } = lock_id,
+                { telemetry::MODE } = Empty,
                 { telemetry::HOLDER_ID } = self.holder_id(),
                 { telemetry::RELEASE_VIA } = how,
                 { telemetry::OUTCOME } = Empty,
@@ -444,13 +469,15 @@ impl<B: Backend> Core<B> {
     ) -> Result<()> {
         let Held {
             lock_id,
+            mode,
             session,
             turn,
             ..
         } = held;
+        span.record(telemetry::MODE, mode.as_str());
         let result = async {
             self.checkpoint(Stage::Unlock, key).await;
-            self.backend.unlock(key, lock_id, session).await
+            self.backend.unlock(key, lock_id, mode, session).await
         }
         .instrument(span.clone())
         .await;
@@ -602,11 +629,32 @@ macro_rules! delegate_lock_manager {
                 key: &str,
                 timeout: Option<std::time::Duration>,
             ) -> $crate::Result<$crate::LockGuard> {
-                self.core.acquire(key, timeout).await
+                self.core
+                    .acquire(key, $crate::LockMode::Exclusive, timeout)
+                    .await
             }
 
             async fn try_acquire(&self, key: &str) -> $crate::Result<Option<$crate::LockInfo>> {
-                self.core.try_acquire(key).await
+                self.core
+                    .try_acquire(key, $crate::LockMode::Exclusive)
+                    .await
+            }
+
+            async fn acquire_shared(
+                &self,
+                key: &str,
+                timeout: Option<std::time::Duration>,
+            ) -> $crate::Result<$crate::LockGuard> {
+                self.core
+                    .acquire(key, $crate::LockMode::Shared, timeout)
+                    .await
+            }
+
+            async fn try_acquire_shared(
+                &self,
+                key: &str,
+            ) -> $crate::Result<Option<$crate::LockInfo>> {
+                self.core.try_acquire(key, $crate::LockMode::Shared).await
             }
 
             async fn release(&self, key: &str) -> $crate::Result<()> {

@@ -97,14 +97,14 @@ pub enum Error {
 }
 
 impl Error {
-    /// The lock key this error concerns.
-    pub fn key(&self) -> &str {
+    /// The lock key this error concerns, when it concerns one.
+    pub fn key(&self) -> Option<&str> {
         match self {
             Error::AcquisitionFailed { key, .. }
             | Error::NotHeld { key }
             | Error::PoolExhausted { key, .. }
             | Error::Connection { key, .. }
-            | Error::ReleaseFailed { key, .. } => key,
+            | Error::ReleaseFailed { key, .. } => Some(key),
         }
     }
 
@@ -238,7 +238,7 @@ mod tests {
             "Failed to acquire lock 'cutover:t1': Timeout after 0.5s"
         );
         assert!(err.is_timeout());
-        assert_eq!(err.key(), "cutover:t1");
+        assert_eq!(err.key(), Some("cutover:t1"));
         let err = Error::NotHeld { key: "k".into() };
         assert_eq!(err.to_string(), "Lock 'k' is not held by this session");
         let reason = AcquireFailure::Database("boom".into());

@@ -23,6 +23,40 @@ pub struct LockInfo {
     pub holder_id: Option<String>,
     /// A strictly increasing token for this acquisition, when the manager mints them.
     pub fencing_token: Option<i64>,
+    /// Whether the lock is held exclusively or shared.
+    pub mode: LockMode,
+}
+
+/// How a lock is held.
+///
+/// An exclusive lock excludes every other holder; a shared lock excludes only exclusive
+/// holders, so any number of holders may share a key at once. On PostgreSQL these are
+/// `pg_advisory_lock` and `pg_advisory_lock_shared` on the same lock id. Waiters are queued in
+/// arrival order whatever their mode: a shared request that arrives after a waiting exclusive
+/// one waits behind it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum LockMode {
+    /// One holder at a time.
+    #[default]
+    Exclusive,
+    /// Any number of shared holders, while no one holds the key exclusively.
+    Shared,
+}
+
+impl LockMode {
+    /// `"exclusive"` or `"shared"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LockMode::Exclusive => "exclusive",
+            LockMode::Shared => "shared",
+        }
+    }
+}
+
+impl std::fmt::Display for LockMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl LockInfo {
@@ -35,7 +69,14 @@ impl LockInfo {
             acquired_at: Utc::now(),
             holder_id,
             fencing_token: None,
+            mode: LockMode::Exclusive,
         }
+    }
+
+    /// Sets the mode the lock is held in.
+    pub fn with_mode(mut self, mode: LockMode) -> Self {
+        self.mode = mode;
+        self
     }
 
     /// Sets the fencing token.

@@ -77,7 +77,7 @@ pub mod testing;
 
 pub use crate::error::{AcquireFailure, Error, ReleaseFailure, Result};
 pub use crate::guard::{GuardBackend, LockGuard};
-pub use crate::info::LockInfo;
+pub use crate::info::{LockInfo, LockMode};
 pub use crate::key::{
     CUTOVER_OPERATION, MIGRATION_OPERATION, lock_id, migration_key, migration_lock_key,
     split_lock_id,

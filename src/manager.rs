@@ -37,7 +37,12 @@ use crate::{LockGuard, LockInfo, Result};
 ///
 /// **Re-acquiring a key the same manager holds** never deadlocks silently and never stacks:
 /// `acquire` waits, within its deadline, for the manager's own holder to release;
-/// `try_acquire` returns `None`.
+/// `try_acquire` returns `None`. This holds across modes: a manager holds a key at most once.
+///
+/// **Modes.** [`acquire_shared`](LockManager::acquire_shared) and
+/// [`try_acquire_shared`](LockManager::try_acquire_shared) take a key in shared mode: different
+/// holders may share it, while an exclusive holder excludes everyone. A lock's mode is in its
+/// [`LockInfo::mode`]; `release`, `release_all` and guards work the same in both modes.
 ///
 /// **Guards release only their own acquisition.** After `release(key)` or `release_all()` has
 /// released a lock that a guard stood for, that guard's release returns `Ok(false)` and its
@@ -77,6 +82,37 @@ pub trait LockManager: Send + Sync + fmt::Debug {
     ///
     /// Must be cancel safe: if the future is dropped, the lock is either not taken or released.
     async fn try_acquire(&self, key: &str) -> Result<Option<LockInfo>>;
+
+    /// Waits for `key` in [shared mode](crate::LockMode::Shared) and returns a guard for it.
+    ///
+    /// Shared holders exclude exclusive ones, not each other. Within one manager a key is held
+    /// at most once, in either mode: a manager that holds a key (shared or not) queues further
+    /// acquisitions of it in-process, as for [`acquire`](LockManager::acquire). Everything else
+    /// (timeouts, errors, guards, the registry) is as for `acquire`.
+    ///
+    /// # Errors
+    ///
+    /// As for [`acquire`](LockManager::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// Must be cancel safe: if the future is dropped, the lock is either not taken or released.
+    async fn acquire_shared(&self, key: &str, timeout: Option<Duration>) -> Result<LockGuard>;
+
+    /// Takes `key` in [shared mode](crate::LockMode::Shared) if no one holds it exclusively
+    /// right now, without waiting.
+    ///
+    /// Returns `Ok(None)` when the key is held exclusively by anyone, or held in any mode by
+    /// this manager. Otherwise as for [`try_acquire`](LockManager::try_acquire).
+    ///
+    /// # Errors
+    ///
+    /// As for [`try_acquire`](LockManager::try_acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// Must be cancel safe: if the future is dropped, the lock is either not taken or released.
+    async fn try_acquire_shared(&self, key: &str) -> Result<Option<LockInfo>>;
 
     /// Releases the lock on `key` held by this manager, however it was acquired.
     ///

@@ -8,7 +8,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::timeout_at;
 
 use crate::core::{Backend, Core, Hook, Options, Request, Slots, delegate_lock_manager};
-use crate::{Error, Result};
+use crate::{Error, LockMode, Result};
 
 /// A [`LockManager`](crate::LockManager) that lives inside one process, for unit tests.
 ///
@@ -157,7 +157,7 @@ impl InMemoryLockServer {
     /// An empty server.
     pub fn new() -> Self {
         InMemoryLockServer {
-            locks: Arc::new(Mutex::new(Slots::new())),
+            locks: Arc::new(Mutex::new(Slots::new(SHARERS as usize))),
         }
     }
 
@@ -181,6 +181,18 @@ impl fmt::Debug for InMemoryLockServer {
     }
 }
 
+/// Each lock is a semaphore of this many permits: an exclusive holder takes them all, a shared
+/// holder one. Tokio's semaphore queues waiters in FIFO order whatever they ask for, which
+/// matches PostgreSQL's lock queue.
+const SHARERS: u32 = 1 << 16;
+
+fn permits(mode: LockMode) -> u32 {
+    match mode {
+        LockMode::Exclusive => SHARERS,
+        LockMode::Shared => 1,
+    }
+}
+
 pub(crate) struct MemoryBackend {
     server: InMemoryLockServer,
 }
@@ -191,26 +203,34 @@ impl Backend for MemoryBackend {
 
     async fn lock(&self, req: &Request<'_>) -> Result<Self::Session> {
         let slot = self.server.slot(req.lock_id);
+        let n = permits(req.mode);
         match (req.timeout, req.deadline) {
             (Some(timeout), _) if timeout.is_zero() => slot
-                .try_acquire_owned()
+                .try_acquire_many_owned(n)
                 .map_err(|_| Error::timeout(req.key, timeout)),
-            (Some(timeout), Some(deadline)) => timeout_at(deadline, slot.acquire_owned())
+            (Some(timeout), Some(deadline)) => timeout_at(deadline, slot.acquire_many_owned(n))
                 .await
                 .map_err(|_| Error::timeout(req.key, timeout))
                 .map(|permit| permit.expect("lock semaphores are never closed")),
             _ => Ok(slot
-                .acquire_owned()
+                .acquire_many_owned(n)
                 .await
                 .expect("lock semaphores are never closed")),
         }
     }
 
     async fn try_lock(&self, req: &Request<'_>) -> Result<Option<Self::Session>> {
-        Ok(self.server.slot(req.lock_id).try_acquire_owned().ok())
+        let slot = self.server.slot(req.lock_id);
+        Ok(slot.try_acquire_many_owned(permits(req.mode)).ok())
     }
 
-    async fn unlock(&self, _key: &str, _lock_id: i64, session: Self::Session) -> Result<()> {
+    async fn unlock(
+        &self,
+        _key: &str,
+        _lock_id: i64,
+        _mode: LockMode,
+        session: Self::Session,
+    ) -> Result<()> {
         drop(session);
         Ok(())
     }

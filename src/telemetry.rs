@@ -6,9 +6,9 @@
 //!
 //! | span | covers | fields |
 //! | --- | --- | --- |
-//! | [`ACQUIRE_SPAN`] | one `acquire` call: the wait only, never the hold | [`KEY`], [`LOCK_ID`], [`TIMEOUT_MS`] (absent when unbounded), [`HOLDER_ID`], [`OUTCOME`], [`WAITED_MS`] |
-//! | [`TRY_ACQUIRE_SPAN`] | one `try_acquire` call | [`KEY`], [`LOCK_ID`], [`HOLDER_ID`], [`OUTCOME`] |
-//! | [`RELEASE_SPAN`] | one release: by guard, by key, by `release_all`, or after a drop | [`KEY`], [`LOCK_ID`], [`HOLDER_ID`], [`RELEASE_VIA`], [`OUTCOME`] |
+//! | [`ACQUIRE_SPAN`] | one `acquire` or `acquire_shared` call: the wait only, never the hold | [`KEY`], [`LOCK_ID`], [`MODE`], [`TIMEOUT_MS`] (absent when unbounded), [`HOLDER_ID`], [`OUTCOME`], [`WAITED_MS`] |
+//! | [`TRY_ACQUIRE_SPAN`] | one `try_acquire` or `try_acquire_shared` call | [`KEY`], [`LOCK_ID`], [`MODE`], [`HOLDER_ID`], [`OUTCOME`] |
+//! | [`RELEASE_SPAN`] | one release: by guard, by key, by `release_all`, or after a drop | [`KEY`], [`LOCK_ID`], [`MODE`], [`HOLDER_ID`], [`RELEASE_VIA`], [`OUTCOME`] |
 //!
 //! Every span's fields are declared when it opens and [`OUTCOME`] is recorded when it closes,
 //! including [`outcome::CANCELLED`] when the caller dropped the future. Failures also set
@@ -35,6 +35,8 @@ pub const HOLDER_ID: &str = "pglock.holder_id";
 pub const OUTCOME: &str = "pglock.outcome";
 /// Field: milliseconds spent waiting, recorded when an acquisition ends.
 pub const WAITED_MS: &str = "pglock.waited_ms";
+/// Field: the lock mode, `exclusive` or `shared` ([`LockMode::as_str`](crate::LockMode::as_str)).
+pub const MODE: &str = "pglock.mode";
 /// Field: what started a release; one of the [`via`] values.
 pub const RELEASE_VIA: &str = "pglock.release_via";
 

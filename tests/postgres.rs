@@ -304,7 +304,7 @@ async fn an_unreachable_server_is_a_typed_error_within_the_deadline() {
         .await
         .expect_err("nothing to connect to");
     assert!(matches!(err, Error::Connection { .. }), "{err:?}");
-    assert_eq!(err.key(), key);
+    assert_eq!(err.key(), Some(key.as_str()));
     let err = locks
         .acquire(&key, None)
         .await

@@ -8,7 +8,7 @@ use tokio::time::{Instant, timeout, timeout_at};
 
 use super::session::PgSession;
 use crate::core::{Backend, Request};
-use crate::{Error, ReleaseFailure, Result};
+use crate::{Error, LockMode, ReleaseFailure, Result};
 
 // Each statement is one round trip in autocommit. An acquisition first tries
 // (`pg_try_advisory_lock`, prepared once per connection), so an uncontended lock costs one round
@@ -26,7 +26,9 @@ use crate::{Error, ReleaseFailure, Result};
 //
 // The waiting statement is built from integers the crate computed (never from user text).
 const TRY_LOCK: &str = "SELECT pg_backend_pid(), pg_try_advisory_lock($1)";
+const TRY_LOCK_SHARED: &str = "SELECT pg_backend_pid(), pg_try_advisory_lock_shared($1)";
 const UNLOCK: &str = "SELECT pg_advisory_unlock($1)";
+const UNLOCK_SHARED: &str = "SELECT pg_advisory_unlock_shared($1)";
 
 /// How often a waiting backend checks that its client is still there, in milliseconds.
 const CLIENT_CHECK_MS: u32 = 200;
@@ -34,7 +36,12 @@ const CLIENT_CHECK_MS: u32 = 200;
 /// SQLSTATE `lock_not_available`: `lock_timeout` expired while waiting, so nothing was granted.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 
-fn wait_statement(lock_id: i64, timeout_ms: Option<u128>, server_version: u32) -> String {
+fn wait_statement(
+    lock_id: i64,
+    mode: LockMode,
+    timeout_ms: Option<u128>,
+    server_version: u32,
+) -> String {
     let mut sql = String::with_capacity(160);
     if server_version >= 140_000 {
         sql.push_str(&format!(
@@ -44,8 +51,12 @@ fn wait_statement(lock_id: i64, timeout_ms: Option<u128>, server_version: u32) -
     if let Some(ms) = timeout_ms {
         sql.push_str(&format!("SET LOCAL lock_timeout = {ms}; "));
     }
+    let function = match mode {
+        LockMode::Exclusive => "pg_advisory_lock",
+        LockMode::Shared => "pg_advisory_lock_shared",
+    };
     sql.push_str(&format!(
-        "SELECT pg_backend_pid(), pg_advisory_lock({lock_id})::text"
+        "SELECT pg_backend_pid(), {function}({lock_id})::text"
     ));
     sql
 }
@@ -123,7 +134,7 @@ impl Backend for PgBackend {
             }
             (Some(timeout), _) => return Err(Error::timeout(req.key, timeout)),
         };
-        let sql = wait_statement(req.lock_id, timeout_ms, session.server_version());
+        let sql = wait_statement(req.lock_id, req.mode, timeout_ms, session.server_version());
         let waiting = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_one(session.conn());
         let answer = match req.deadline {
             Some(deadline) => match timeout_at(deadline + self.answer_grace, waiting).await {
@@ -152,8 +163,18 @@ impl Backend for PgBackend {
         Ok(try_on(&mut session, req).await?.then_some(session))
     }
 
-    async fn unlock(&self, key: &str, lock_id: i64, mut session: PgSession) -> Result<()> {
-        let unlocked = sqlx::query_scalar::<_, bool>(UNLOCK)
+    async fn unlock(
+        &self,
+        key: &str,
+        lock_id: i64,
+        mode: LockMode,
+        mut session: PgSession,
+    ) -> Result<()> {
+        let statement = match mode {
+            LockMode::Exclusive => UNLOCK,
+            LockMode::Shared => UNLOCK_SHARED,
+        };
+        let unlocked = sqlx::query_scalar::<_, bool>(statement)
             .bind(lock_id)
             .fetch_one(session.conn());
         let (reason, source) = match timeout(self.release_timeout, unlocked).await {
@@ -176,7 +197,11 @@ impl Backend for PgBackend {
 
 /// One `pg_try_advisory_lock` on `session`. When it is refused, the session is clean again.
 async fn try_on(session: &mut PgSession, req: &Request<'_>) -> Result<bool> {
-    let (pid, granted): (i32, bool) = sqlx::query_as(TRY_LOCK)
+    let statement = match req.mode {
+        LockMode::Exclusive => TRY_LOCK,
+        LockMode::Shared => TRY_LOCK_SHARED,
+    };
+    let (pid, granted): (i32, bool) = sqlx::query_as(statement)
         .bind(req.lock_id)
         .fetch_one(session.conn())
         .await

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{AcquireFailure, Error, LockManager, lock_id};
+use crate::{AcquireFailure, Error, LockManager, LockMode, lock_id};
 
 /// A boxed case future.
 pub type CaseFuture<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
@@ -70,6 +70,8 @@ cases!(
     cancelled_operations_leak_nothing,
     deadline_is_honoured,
     reacquiring_an_own_key_waits_for_the_local_holder,
+    shared_acquisition_is_reported_and_released,
+    a_manager_holds_a_key_once_in_either_mode,
 );
 
 /// Generates one `#[tokio::test]` per conformance case for the manager that `$factory` builds.
@@ -104,6 +106,8 @@ macro_rules! conformance_tests {
             cancelled_operations_leak_nothing,
             deadline_is_honoured,
             reacquiring_an_own_key_waits_for_the_local_holder,
+            shared_acquisition_is_reported_and_released,
+            a_manager_holds_a_key_once_in_either_mode,
         );
     };
 }
@@ -489,6 +493,97 @@ pub async fn reacquiring_an_own_key_waits_for_the_local_holder(manager: &dyn Loc
     );
     assert!(second.release().await.expect("release"));
     assert!(!manager.is_held(&key).await);
+}
+
+/// Shared acquisitions report their mode and release like exclusive ones, through the guard,
+/// by key and by `release_all`.
+pub async fn shared_acquisition_is_reported_and_released(manager: &dyn LockManager) {
+    let key = key("shared");
+    let guard = manager
+        .acquire_shared(&key, None)
+        .await
+        .expect("acquire_shared");
+    assert_eq!(guard.mode, LockMode::Shared);
+    assert_eq!(guard.lock_id, lock_id(&key));
+    assert!(manager.is_held(&key).await);
+    assert_eq!(manager.held_lock_count(), 1);
+    assert!(guard.release().await.expect("release"));
+    assert!(!manager.is_held(&key).await);
+
+    let info = manager
+        .try_acquire_shared(&key)
+        .await
+        .expect("try_acquire_shared")
+        .expect("a free key is granted");
+    assert_eq!(info.mode, LockMode::Shared);
+    manager.release(&key).await.expect("release by key");
+
+    let exclusive = manager.acquire(&key, None).await.expect("acquire");
+    assert_eq!(exclusive.mode, LockMode::Exclusive);
+    assert!(exclusive.release().await.expect("release"));
+
+    assert!(
+        manager
+            .try_acquire_shared(&key)
+            .await
+            .expect("try")
+            .is_some()
+    );
+    assert_eq!(manager.release_all().await.expect("release_all"), 1);
+    assert_eq!(manager.held_lock_count(), 0);
+}
+
+/// Within one manager a key is held at most once, whatever the modes: a second acquisition
+/// queues behind the first instead of stacking.
+pub async fn a_manager_holds_a_key_once_in_either_mode(manager: &dyn LockManager) {
+    let key = key("once");
+    let short = Some(Duration::from_millis(30));
+    let shared = manager
+        .acquire_shared(&key, None)
+        .await
+        .expect("acquire_shared");
+    assert!(
+        manager
+            .try_acquire_shared(&key)
+            .await
+            .expect("try")
+            .is_none()
+    );
+    assert!(manager.try_acquire(&key).await.expect("try").is_none());
+    assert!(
+        manager
+            .acquire_shared(&key, short)
+            .await
+            .expect_err("queued")
+            .is_timeout()
+    );
+    assert!(
+        manager
+            .acquire(&key, short)
+            .await
+            .expect_err("queued")
+            .is_timeout()
+    );
+    assert_eq!(manager.held_lock_count(), 1);
+    assert!(shared.release().await.expect("release"));
+
+    let exclusive = manager.acquire(&key, None).await.expect("acquire");
+    assert!(
+        manager
+            .try_acquire_shared(&key)
+            .await
+            .expect("try")
+            .is_none()
+    );
+    assert!(
+        manager
+            .acquire_shared(&key, short)
+            .await
+            .expect_err("queued")
+            .is_timeout()
+    );
+    assert!(exclusive.release().await.expect("release"));
+    assert_eq!(manager.held_lock_count(), 0);
 }
 
 /// Polls a future once (so it passes its first await point), then hands it back.
