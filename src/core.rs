@@ -15,7 +15,9 @@ use tokio::time::{Instant, timeout_at};
 use tracing::{Instrument, Span, field::Empty};
 
 use crate::telemetry::{self, outcome, via};
-use crate::{Error, GuardBackend, LockGuard, LockInfo, LockMode, Result, lock_id};
+use crate::{
+    Error, GuardBackend, LockGuard, LockInfo, LockMode, LossCause, LossSignal, Result, lock_id,
+};
 
 /// One acquisition request, as the backend sees it.
 #[derive(Debug)]
@@ -50,6 +52,31 @@ pub(crate) trait Backend: Send + Sync + 'static {
         mode: LockMode,
         session: Self::Session,
     ) -> Result<()>;
+
+    /// The server-side process holding `session`'s lock, for loss detection.
+    fn session_pid(_session: &Self::Session) -> Option<i32> {
+        None
+    }
+
+    /// Called after every registration, so a backend can start watching for lost locks.
+    fn watch(_core: &Arc<Core<Self>>)
+    where
+        Self: Sized,
+    {
+    }
+}
+
+/// A held lock as the loss detector sees it.
+#[derive(Debug, Clone)]
+pub(crate) struct Watched {
+    pub(crate) key: String,
+    pub(crate) generation: u64,
+    pub(crate) lock_id: i64,
+    pub(crate) mode: LockMode,
+    pub(crate) pid: Option<i32>,
+    /// When the lock was granted: the last moment it was known to be held, until a probe says
+    /// so again.
+    pub(crate) registered_at: Instant,
 }
 
 /// The await points of lock operations, named so tests can stop an operation at each of them
@@ -143,6 +170,8 @@ struct Held<S> {
     generation: u64,
     lock_id: i64,
     mode: LockMode,
+    signal: LossSignal,
+    registered_at: Instant,
     // Field order matters: the session (which may still hold the lock) goes before the turn,
     // so a local waiter never starts before the lock is at least being let go.
     session: S,
@@ -274,17 +303,22 @@ impl<B: Backend> Core<B> {
         let session = self.backend.lock(&request).await?;
         self.checkpoint(Stage::Register, key).await;
         let info = self.info(key, lock_id, mode);
-        let generation = self.register(key, lock_id, mode, session, permit).await;
+        let (generation, signal) = self.register(key, lock_id, mode, session, permit).await;
         let guard = CoreGuard {
             core: Arc::clone(self),
             key: key.to_owned(),
             generation,
+            signal,
             armed: true,
         };
         Ok(LockGuard::new(info, Box::new(guard)))
     }
 
-    pub(crate) async fn try_acquire(&self, key: &str, mode: LockMode) -> Result<Option<LockInfo>> {
+    pub(crate) async fn try_acquire(
+        self: &Arc<Self>,
+        key: &str,
+        mode: LockMode,
+    ) -> Result<Option<LockInfo>> {
         let lock_id = lock_id(key);
         let span = if self.tracing {
             tracing::info_span!(
@@ -316,7 +350,7 @@ impl<B: Backend> Core<B> {
     }
 
     async fn try_acquire_traced(
-        &self,
+        self: &Arc<Self>,
         key: &str,
         lock_id: i64,
         mode: LockMode,
@@ -351,27 +385,90 @@ impl<B: Backend> Core<B> {
     }
 
     async fn register(
-        &self,
+        self: &Arc<Self>,
         key: &str,
         lock_id: i64,
         mode: LockMode,
         session: B::Session,
         turn: OwnedSemaphorePermit,
-    ) -> u64 {
+    ) -> (u64, LossSignal) {
         let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
+        let signal = LossSignal::new();
         let held = Held {
             generation,
             lock_id,
             mode,
+            signal: signal.clone(),
+            registered_at: Instant::now(),
             session,
             turn,
         };
-        let mut state = self.state.lock().await;
-        // Holding the key's turn makes this the only live acquisition of the key here.
-        let previous = state.held.insert(key.to_owned(), held);
-        debug_assert!(previous.is_none(), "two live acquisitions of one key");
-        self.held.store(state.held.len(), Ordering::SeqCst);
-        generation
+        {
+            let mut state = self.state.lock().await;
+            // Holding the key's turn makes this the only live acquisition of the key here.
+            let previous = state.held.insert(key.to_owned(), held);
+            debug_assert!(previous.is_none(), "two live acquisitions of one key");
+            self.held.store(state.held.len(), Ordering::SeqCst);
+        }
+        B::watch(self);
+        (generation, signal)
+    }
+
+    /// The locks held right now, for the loss detector.
+    pub(crate) async fn watched(&self) -> Vec<Watched> {
+        let state = self.state.lock().await;
+        state
+            .held
+            .iter()
+            .map(|(key, held)| Watched {
+                key: key.clone(),
+                generation: held.generation,
+                lock_id: held.lock_id,
+                mode: held.mode,
+                pid: B::session_pid(&held.session),
+                registered_at: held.registered_at,
+            })
+            .collect()
+    }
+
+    /// Declares whatever acquisition of `key` is registered lost (see `declare_lost`).
+    pub(crate) async fn declare_key_lost(&self, key: &str, cause: LossCause) -> bool {
+        let generation = self
+            .state
+            .lock()
+            .await
+            .held
+            .get(key)
+            .map(|held| held.generation);
+        match generation {
+            Some(generation) => self.declare_lost(key, generation, cause).await,
+            None => false,
+        }
+    }
+
+    /// Declares the acquisition `generation` of `key` lost: the registry forgets it, its
+    /// session is closed (never pooled), its signal fires and the next local waiter may start.
+    /// Returns false when that acquisition is no longer registered.
+    pub(crate) async fn declare_lost(&self, key: &str, generation: u64, cause: LossCause) -> bool {
+        let Some(held) = self.forget_generation(key, generation).await else {
+            return false;
+        };
+        if self.tracing {
+            let span = tracing::warn_span!(
+                telemetry::LOST_SPAN,
+                { telemetry::KEY } = key,
+                { telemetry::LOCK_ID } = held.lock_id,
+                { telemetry::MODE } = held.mode.as_str(),
+                { telemetry::HOLDER_ID } = self.holder_id(),
+                { telemetry::CAUSE } = %cause,
+                otel.status_code = "ERROR",
+            );
+            tracing::warn!(parent: &span, %cause, "lock lost");
+        }
+        held.signal.declare(cause);
+        // Dropping the entry closes its session (it is not known clean) and ends the turn.
+        drop(held);
+        true
     }
 
     /// Removes `key` from the registry, whoever acquired it.
@@ -498,6 +595,7 @@ struct CoreGuard<B: Backend> {
     core: Arc<Core<B>>,
     key: String,
     generation: u64,
+    signal: LossSignal,
     /// False once the acquisition was handed to `release` or `leak`.
     armed: bool,
 }
@@ -532,15 +630,28 @@ impl<B: Backend> GuardBackend for CoreGuard<B> {
                 .unlock(&self.key, held, span, recorder)
                 .await
                 .map(|()| true),
-            None => {
-                recorder.finish(outcome::ALREADY_RELEASED, false);
-                Ok(false)
-            }
+            None => match self.signal.cause() {
+                Some(cause) => {
+                    recorder.finish(outcome::LOST, true);
+                    Err(Error::LockLost {
+                        key: std::mem::take(&mut self.key),
+                        cause,
+                    })
+                }
+                None => {
+                    recorder.finish(outcome::ALREADY_RELEASED, false);
+                    Ok(false)
+                }
+            },
         }
     }
 
     fn leak(mut self: Box<Self>) {
         self.armed = false;
+    }
+
+    fn loss_signal(&self) -> LossSignal {
+        self.signal.clone()
     }
 }
 

@@ -3,6 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::LossCause;
+
 /// A `Result` whose error is this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -21,6 +23,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// | [`Connection`](Error::Connection) | no session could be opened or it broke | the database is unreachable; retry with backoff |
 /// | [`NotHeld`](Error::NotHeld) | `release` of a key this manager does not hold | a bookkeeping bug in the caller, or the lock was already released |
 /// | [`ReleaseFailed`](Error::ReleaseFailed) | the server did not confirm the unlock | nothing to undo: the session was closed, which frees the lock on the server |
+/// | [`LockLost`](Error::LockLost) | the lock was lost while held | work done under it may have overlapped another holder's; stop, and re-check before acting on its results (fencing tokens make this safe) |
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -94,6 +97,19 @@ pub enum Error {
         #[source]
         source: Option<sqlx::Error>,
     },
+
+    /// The lock was lost while it was held.
+    ///
+    /// Returned by the release of a lock that had been declared lost, and by
+    /// [`LockManagerExt::with_lock`](crate::LockManagerExt::with_lock) when the loss cut its body
+    /// short.
+    #[error("Lock '{key}' was lost: {cause}")]
+    LockLost {
+        /// The key of the lost lock.
+        key: String,
+        /// Why it was declared lost.
+        cause: LossCause,
+    },
 }
 
 impl Error {
@@ -104,7 +120,8 @@ impl Error {
             | Error::NotHeld { key }
             | Error::PoolExhausted { key, .. }
             | Error::Connection { key, .. }
-            | Error::ReleaseFailed { key, .. } => Some(key),
+            | Error::ReleaseFailed { key, .. }
+            | Error::LockLost { key, .. } => Some(key),
         }
     }
 

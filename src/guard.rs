@@ -5,7 +5,7 @@ use std::ops::Deref;
 
 use async_trait::async_trait;
 
-use crate::{LockInfo, Result};
+use crate::{LockInfo, LossCause, LossSignal, Result};
 
 /// Proof that a lock is held, returned by [`LockManager::acquire`](crate::LockManager::acquire).
 ///
@@ -27,10 +27,22 @@ use crate::{LockInfo, Result};
 /// [`LockManager::release_all`](crate::LockManager::release_all), the guard's release reports
 /// `Ok(false)` and its drop does nothing, even if the same key has been acquired again since.
 ///
+/// # Lost locks
+///
+/// A lock can be lost while its guard is alive: the session that holds it may be terminated,
+/// time out, or become unreachable, and the server then frees the lock for someone else. A
+/// manager that watches its locks (as [`PostgresLockManager`](crate::PostgresLockManager) does)
+/// declares such a lock lost; the guard exposes it through [`is_lost`](LockGuard::is_lost),
+/// [`lost`](LockGuard::lost) and [`lost_token`](LockGuard::lost_token), and its
+/// [`release`](LockGuard::release) then fails with [`Error::LockLost`](crate::Error::LockLost).
+/// Work that must stop when the lock is gone can race against `lost()`, or use
+/// [`LockManagerExt::with_lock`](crate::LockManagerExt::with_lock), which does it for you.
+///
 /// The guard dereferences to the [`LockInfo`] of the acquisition.
 #[must_use = "the lock is released as soon as the guard is dropped; bind it to a variable that lives as long as the critical section"]
 pub struct LockGuard {
     info: LockInfo,
+    loss: LossSignal,
     backend: Option<Box<dyn GuardBackend>>,
 }
 
@@ -41,6 +53,7 @@ impl LockGuard {
     pub fn new(info: LockInfo, backend: Box<dyn GuardBackend>) -> Self {
         LockGuard {
             info,
+            loss: backend.loss_signal(),
             backend: Some(backend),
         }
     }
@@ -48,6 +61,35 @@ impl LockGuard {
     /// The acquisition this guard stands for.
     pub fn info(&self) -> &LockInfo {
         &self.info
+    }
+
+    /// True once the manager has declared this lock lost.
+    ///
+    /// Cheap: it reads a flag. Detection is periodic, so `false` means "not known to be lost";
+    /// see the manager's documentation for how quickly a loss is noticed.
+    pub fn is_lost(&self) -> bool {
+        self.loss.is_lost()
+    }
+
+    /// Completes when the manager declares this lock lost, with the cause. It never completes
+    /// while the lock is held, nor after a normal release.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only waits.
+    pub async fn lost(&self) -> LossCause {
+        self.loss.lost().await
+    }
+
+    /// A token that is cancelled when this lock is declared lost, for `tokio::select!`,
+    /// `CancellationToken::run_until_cancelled` or code that already speaks tokens.
+    pub fn lost_token(&self) -> tokio_util::sync::CancellationToken {
+        self.loss.token()
+    }
+
+    /// The loss signal itself, which outlives the guard (clone it before releasing).
+    pub fn loss_signal(&self) -> &LossSignal {
+        &self.loss
     }
 
     /// Releases the lock now.
@@ -59,8 +101,10 @@ impl LockGuard {
     ///
     /// # Errors
     ///
-    /// [`Error::ReleaseFailed`](crate::Error::ReleaseFailed) when the release could not be
-    /// confirmed. The lock's session has then been closed, which frees the lock on the server.
+    /// * [`Error::LockLost`](crate::Error::LockLost) when the lock had been declared lost: the
+    ///   critical section may have overlapped with another holder's.
+    /// * [`Error::ReleaseFailed`](crate::Error::ReleaseFailed) when the release could not be
+    ///   confirmed. The lock's session has then been closed, which frees the lock on the server.
     ///
     /// # Cancel safety
     ///
@@ -101,6 +145,7 @@ impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
             .field("info", &self.info)
+            .field("loss", &self.loss)
             .field("backend", &self.backend)
             .finish()
     }
@@ -123,6 +168,9 @@ impl fmt::Debug for LockGuard {
 ///   If that acquisition was already released through the manager (`release(key)`,
 ///   `release_all()`), `release` returns `Ok(false)` and dropping does nothing, even when the
 ///   same key has been acquired again since.
+/// * **Loss.** If the manager can detect lost locks, [`loss_signal`](GuardBackend::loss_signal)
+///   returns the acquisition's signal, and `release` of a lost acquisition returns
+///   [`Error::LockLost`](crate::Error::LockLost).
 #[async_trait]
 pub trait GuardBackend: Send + Sync + fmt::Debug + 'static {
     /// Releases the acquisition now; see [`LockGuard::release`] for the meaning of the result.
@@ -131,4 +179,10 @@ pub trait GuardBackend: Send + Sync + fmt::Debug + 'static {
     /// Hands the acquisition to the manager's registry without releasing it; see
     /// [`LockGuard::leak`].
     fn leak(self: Box<Self>);
+
+    /// The signal fired if this acquisition is declared lost. The default never fires, for
+    /// managers that cannot detect loss.
+    fn loss_signal(&self) -> LossSignal {
+        LossSignal::new()
+    }
 }

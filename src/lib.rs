@@ -64,9 +64,11 @@
 
 mod core;
 mod error;
+mod ext;
 mod guard;
 mod info;
 mod key;
+mod loss;
 mod manager;
 mod memory;
 mod postgres;
@@ -76,12 +78,14 @@ pub mod telemetry;
 pub mod testing;
 
 pub use crate::error::{AcquireFailure, Error, ReleaseFailure, Result};
+pub use crate::ext::LockManagerExt;
 pub use crate::guard::{GuardBackend, LockGuard};
 pub use crate::info::{LockInfo, LockMode};
 pub use crate::key::{
     CUTOVER_OPERATION, MIGRATION_OPERATION, lock_id, migration_key, migration_lock_key,
     split_lock_id,
 };
+pub use crate::loss::{LossCause, LossSignal};
 pub use crate::manager::LockManager;
 pub use crate::memory::{InMemoryLockManager, InMemoryLockManagerBuilder, InMemoryLockServer};
 pub use crate::postgres::{PostgresLockManager, PostgresLockManagerBuilder};

@@ -8,7 +8,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::timeout_at;
 
 use crate::core::{Backend, Core, Hook, Options, Request, Slots, delegate_lock_manager};
-use crate::{Error, LockMode, Result};
+use crate::{Error, LockMode, LossCause, Result};
 
 /// A [`LockManager`](crate::LockManager) that lives inside one process, for unit tests.
 ///
@@ -63,6 +63,35 @@ impl InMemoryLockManager {
     /// The server this manager takes its locks on.
     pub fn server(&self) -> &InMemoryLockServer {
         &self.core.backend.server
+    }
+
+    /// Makes this manager lose its lock on `key`, as if the server had dropped the session
+    /// holding it, so tests can exercise code that must react to a lost lock.
+    ///
+    /// Exactly what [`PostgresLockManager`](crate::PostgresLockManager) does when it detects a
+    /// lost lock happens here: the registry forgets the lock, the lock is freed for other
+    /// holders, the guard's loss signal fires with [`LossCause::Simulated`](crate::LossCause),
+    /// and the guard's release then fails with [`Error::LockLost`](crate::Error::LockLost).
+    /// Returns false if this manager does not hold `key`.
+    ///
+    /// ```
+    /// use pglock::{InMemoryLockManager, LockManager, LossCause};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let locks = InMemoryLockManager::new();
+    /// let guard = locks.acquire("leader:jobs", None).await.unwrap();
+    /// assert!(locks.simulate_loss("leader:jobs").await);
+    /// assert_eq!(guard.lost().await, LossCause::Simulated);
+    /// assert!(!locks.is_held("leader:jobs").await);
+    /// assert!(guard.release().await.is_err());
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: if the future is dropped, the lock is either untouched or fully lost.
+    pub async fn simulate_loss(&self, key: &str) -> bool {
+        self.core.declare_key_lost(key, LossCause::Simulated).await
     }
 }
 

@@ -9,6 +9,7 @@
 //! | [`ACQUIRE_SPAN`] | one `acquire` or `acquire_shared` call: the wait only, never the hold | [`KEY`], [`LOCK_ID`], [`MODE`], [`TIMEOUT_MS`] (absent when unbounded), [`HOLDER_ID`], [`OUTCOME`], [`WAITED_MS`] |
 //! | [`TRY_ACQUIRE_SPAN`] | one `try_acquire` or `try_acquire_shared` call | [`KEY`], [`LOCK_ID`], [`MODE`], [`HOLDER_ID`], [`OUTCOME`] |
 //! | [`RELEASE_SPAN`] | one release: by guard, by key, by `release_all`, or after a drop | [`KEY`], [`LOCK_ID`], [`MODE`], [`HOLDER_ID`], [`RELEASE_VIA`], [`OUTCOME`] |
+//! | [`LOST_SPAN`] | a held lock declared lost (`WARN` level, with a `WARN` event) | [`KEY`], [`LOCK_ID`], [`MODE`], [`HOLDER_ID`], [`CAUSE`] |
 //!
 //! Every span's fields are declared when it opens and [`OUTCOME`] is recorded when it closes,
 //! including [`outcome::CANCELLED`] when the caller dropped the future. Failures also set
@@ -22,6 +23,8 @@ pub const ACQUIRE_SPAN: &str = "pglock.acquire";
 pub const TRY_ACQUIRE_SPAN: &str = "pglock.try_acquire";
 /// Span around one release.
 pub const RELEASE_SPAN: &str = "pglock.release";
+/// Span (at `WARN` level, with a `WARN` event inside) emitted when a held lock is declared lost.
+pub const LOST_SPAN: &str = "pglock.lost";
 
 /// Field: the lock key, as given.
 pub const KEY: &str = "pglock.key";
@@ -37,6 +40,8 @@ pub const OUTCOME: &str = "pglock.outcome";
 pub const WAITED_MS: &str = "pglock.waited_ms";
 /// Field: the lock mode, `exclusive` or `shared` ([`LockMode::as_str`](crate::LockMode::as_str)).
 pub const MODE: &str = "pglock.mode";
+/// Field: why a lock was declared lost ([`LossCause`](crate::LossCause), as text).
+pub const CAUSE: &str = "pglock.cause";
 /// Field: what started a release; one of the [`via`] values.
 pub const RELEASE_VIA: &str = "pglock.release_via";
 
@@ -58,6 +63,8 @@ pub mod outcome {
     pub const ERROR: &str = "error";
     /// The caller dropped the future before it finished.
     pub const CANCELLED: &str = "cancelled";
+    /// A guard's release found its lock had been declared lost.
+    pub const LOST: &str = "lost";
 }
 
 /// Values of the [`RELEASE_VIA`] field.

@@ -1,5 +1,7 @@
 //! The statements behind `PostgresLockManager`.
 
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -7,7 +9,7 @@ use sqlx::{AssertSqlSafe, PgPool, Row};
 use tokio::time::{Instant, timeout, timeout_at};
 
 use super::session::PgSession;
-use crate::core::{Backend, Request};
+use crate::core::{Backend, Core, Request};
 use crate::{Error, LockMode, ReleaseFailure, Result};
 
 // Each statement is one round trip in autocommit. An acquisition first tries
@@ -67,6 +69,10 @@ pub(crate) struct PgBackend {
     /// How long past the deadline the client waits for the server's own `lock_timeout` answer
     /// before it gives up on the session (a server that does not answer at all).
     pub(crate) answer_grace: Duration,
+    /// Lost-lock detection: probe interval and grace, or `None` when it is off.
+    pub(crate) probe: Option<(Duration, Duration)>,
+    pub(crate) monitor_running: AtomicBool,
+    pub(crate) monitor_name: String,
 }
 
 impl PgBackend {
@@ -112,13 +118,36 @@ impl PgBackend {
     }
 }
 
+impl PgBackend {
+    /// Checks out a session and makes one attempt on it. A pooled connection may have died
+    /// while idle (a server restart, a terminated backend): an attempt that fails on the
+    /// connection itself is retried on another, as long as the deadline allows, so callers
+    /// see the server's answer rather than a stale socket.
+    async fn checkout_and_try(&self, req: &Request<'_>) -> Result<(PgSession, bool)> {
+        let mut retries = self.pool.options().get_max_connections();
+        loop {
+            let mut session = self.checkout(req).await?;
+            match try_on(&mut session, req).await {
+                Ok(granted) => return Ok((session, granted)),
+                Err(Error::Connection { .. })
+                    if retries > 0 && req.deadline.is_none_or(|d| Instant::now() < d) =>
+                {
+                    retries -= 1;
+                    tracing::debug!(key = req.key, "retrying on another connection");
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+}
+
 #[async_trait]
 impl Backend for PgBackend {
     type Session = PgSession;
 
     async fn lock(&self, req: &Request<'_>) -> Result<PgSession> {
-        let mut session = self.checkout(req).await?;
-        if try_on(&mut session, req).await? {
+        let (mut session, granted) = self.checkout_and_try(req).await?;
+        if granted {
             return Ok(session);
         }
         // Held elsewhere. `session` is clean again: it goes back to the pool if we stop here.
@@ -144,9 +173,9 @@ impl Backend for PgBackend {
             },
             None => waiting.await,
         };
-        match answer {
-            Ok(row) => {
-                session.pid = row.try_get(0).unwrap_or_default();
+        match answer.and_then(|row| row.try_get::<i32, _>(0)) {
+            Ok(pid) => {
+                session.pid = pid;
                 Ok(session)
             }
             Err(err) if has_sqlstate(&err, LOCK_NOT_AVAILABLE) && req.timeout.is_some() => {
@@ -159,8 +188,8 @@ impl Backend for PgBackend {
     }
 
     async fn try_lock(&self, req: &Request<'_>) -> Result<Option<PgSession>> {
-        let mut session = self.checkout(req).await?;
-        Ok(try_on(&mut session, req).await?.then_some(session))
+        let (session, granted) = self.checkout_and_try(req).await?;
+        Ok(granted.then_some(session))
     }
 
     async fn unlock(
@@ -192,6 +221,14 @@ impl Backend for PgBackend {
             reason,
             source,
         })
+    }
+
+    fn session_pid(session: &PgSession) -> Option<i32> {
+        Some(session.pid)
+    }
+
+    fn watch(core: &Arc<Core<Self>>) {
+        super::monitor::ensure_running(core);
     }
 }
 

@@ -1,10 +1,12 @@
 //! The PostgreSQL lock manager.
 
 mod backend;
+mod monitor;
 mod session;
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -97,6 +99,8 @@ impl PostgresLockManager {
             holder_id: None,
             tracing: true,
             release_timeout: Duration::from_secs(5),
+            probe_interval: Some(Duration::from_secs(2)),
+            probe_grace: Duration::from_secs(2),
             hook: None,
         }
     }
@@ -125,6 +129,8 @@ pub struct PostgresLockManagerBuilder {
     holder_id: Option<String>,
     tracing: bool,
     release_timeout: Duration,
+    probe_interval: Option<Duration>,
+    probe_grace: Duration,
     hook: Option<Hook>,
 }
 
@@ -152,6 +158,38 @@ impl PostgresLockManagerBuilder {
         self
     }
 
+    /// How often the manager checks, while it holds locks, that the server still holds them.
+    ///
+    /// Each check is one query on a dedicated connection (opened while locks are held, closed
+    /// when none are) covering every held lock at once, so its cost does not grow with the
+    /// number of locks. A lock whose session has ended is declared lost within about one
+    /// interval. Default: 2 seconds.
+    pub fn probe_interval(mut self, interval: Duration) -> Self {
+        self.probe_interval = Some(interval.max(Duration::from_millis(1)));
+        self
+    }
+
+    /// How long past a missed check the manager waits before declaring locks it cannot verify
+    /// lost. While the server cannot be asked (network partition, server down), held locks
+    /// are "unknown"; they are declared lost ([`LossCause::Unverifiable`](crate::LossCause))
+    /// once `probe_interval + probe_grace` has passed since they were last confirmed. A check
+    /// that takes longer than the grace counts as failed. Default: 2 seconds.
+    pub fn probe_grace(mut self, grace: Duration) -> Self {
+        self.probe_grace = grace.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Turns lost-lock detection on (the default) or off. Without it, guards' loss signals
+    /// never fire and no monitor connection is opened.
+    pub fn detect_lost_locks(mut self, enabled: bool) -> Self {
+        self.probe_interval = match (enabled, self.probe_interval) {
+            (false, _) => None,
+            (true, Some(interval)) => Some(interval),
+            (true, None) => Some(Duration::from_secs(2)),
+        };
+        self
+    }
+
     /// Installs a hook awaited at every await point of lock operations (tests only).
     #[cfg(feature = "testing")]
     #[doc(hidden)]
@@ -163,9 +201,14 @@ impl PostgresLockManagerBuilder {
     /// Builds the manager. Nothing touches the database yet.
     pub fn build(self) -> PostgresLockManager {
         let backend = PgBackend {
+            monitor_name: monitor_name(&self.pool),
             pool: self.pool,
             release_timeout: self.release_timeout,
             answer_grace: Duration::from_millis(250),
+            probe: self
+                .probe_interval
+                .map(|interval| (interval, self.probe_grace)),
+            monitor_running: AtomicBool::new(false),
         };
         let options = Options {
             holder_id: self.holder_id,
@@ -178,12 +221,31 @@ impl PostgresLockManagerBuilder {
     }
 }
 
+/// The monitor connection's `application_name`: the pool's, tagged, so `pg_stat_activity`
+/// attributes it to its manager.
+fn monitor_name(pool: &PgPool) -> String {
+    const SUFFIX: &str = ":pglock-monitor";
+    match pool.connect_options().get_application_name() {
+        Some(app) if !app.is_empty() => {
+            // PostgreSQL keeps 63 bytes; keep the suffix, cut the pool's name on a char boundary.
+            let mut end = app.len().min(63 - SUFFIX.len());
+            while !app.is_char_boundary(end) {
+                end -= 1;
+            }
+            format!("{}{SUFFIX}", &app[..end])
+        }
+        _ => "pglock-monitor".to_owned(),
+    }
+}
+
 impl fmt::Debug for PostgresLockManagerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresLockManagerBuilder")
             .field("holder_id", &self.holder_id)
             .field("tracing", &self.tracing)
             .field("release_timeout", &self.release_timeout)
+            .field("probe_interval", &self.probe_interval)
+            .field("probe_grace", &self.probe_grace)
             .finish_non_exhaustive()
     }
 }

@@ -1,0 +1,104 @@
+//! How a holder learns that its lock is gone.
+
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+
+use tokio_util::sync::CancellationToken;
+
+/// Why a lock was declared lost.
+///
+/// A PostgreSQL advisory lock lives exactly as long as the session that took it. When that
+/// session ends behind the holder's back, the server frees the lock and another process may take
+/// it, while the holder still believes it holds it. The manager watches its held locks and
+/// declares them lost when it sees this happen, or when it can no longer tell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossCause {
+    /// The server no longer shows the lock on its session: the session was terminated
+    /// (`pg_terminate_backend`, `idle_session_timeout`, a server restart or failover, a network
+    /// failure the server noticed) and the server freed the lock.
+    NotOnServer,
+    /// The server could not be asked for longer than the probe interval plus the grace period,
+    /// so the lock may have been given to someone else in the meantime.
+    Unverifiable,
+    /// Declared lost on purpose, for tests (see
+    /// [`InMemoryLockManager::simulate_loss`](crate::InMemoryLockManager::simulate_loss)).
+    Simulated,
+}
+
+impl fmt::Display for LossCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LossCause::NotOnServer => "the server no longer holds it for this session",
+            LossCause::Unverifiable => {
+                "the server could not be reached to confirm it within the grace period"
+            }
+            LossCause::Simulated => "loss simulated by the test double",
+        })
+    }
+}
+
+/// A one-shot signal that fires when a lock is declared lost.
+///
+/// Every [`LockGuard`](crate::LockGuard) carries one; see [`LockGuard::lost`](crate::LockGuard::lost).
+/// Clones observe the same signal. Implementors of
+/// [`LockManager`](crate::LockManager) fire it with [`declare`](LossSignal::declare); a signal
+/// from a manager that cannot detect loss simply never fires.
+#[derive(Clone, Default)]
+pub struct LossSignal {
+    token: CancellationToken,
+    cause: Arc<OnceLock<LossCause>>,
+}
+
+impl LossSignal {
+    /// A signal that has not fired.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Fires the signal. The first cause wins; later calls do nothing and return false.
+    pub fn declare(&self, cause: LossCause) -> bool {
+        let first = self.cause.set(cause).is_ok();
+        if first {
+            self.token.cancel();
+        }
+        first
+    }
+
+    /// True once the lock has been declared lost.
+    pub fn is_lost(&self) -> bool {
+        self.cause.get().is_some()
+    }
+
+    /// Why the lock was lost, once it has been.
+    pub fn cause(&self) -> Option<LossCause> {
+        self.cause.get().cloned()
+    }
+
+    /// Completes when the lock is declared lost (never, if it is not).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only waits.
+    pub async fn lost(&self) -> LossCause {
+        self.token.cancelled().await;
+        self.cause
+            .get()
+            .cloned()
+            .expect("the cause is set before the token is cancelled")
+    }
+
+    /// A token cancelled when the lock is declared lost, for `select!`, `run_until_cancelled`
+    /// or handing to code that already speaks `CancellationToken`.
+    pub fn token(&self) -> CancellationToken {
+        self.token.clone()
+    }
+}
+
+impl fmt::Debug for LossSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LossSignal")
+            .field("cause", &self.cause.get())
+            .finish()
+    }
+}

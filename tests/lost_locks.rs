@@ -1,0 +1,301 @@
+//! A lock whose session dies is noticed, announced to its holder, and forgotten cleanly.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{app_name, key, lock_rows, observer, pool_named};
+use pglock::{
+    Error, InMemoryLockManager, LockManager, LockManagerExt, LossCause, PostgresLockManager,
+    lock_id,
+};
+use sqlx::PgPool;
+use tokio::time::Instant;
+
+const PROBE: Duration = Duration::from_millis(100);
+
+async fn watched_manager(label: &str) -> PostgresLockManager {
+    PostgresLockManager::builder(pool_named(4, &app_name(label)).await)
+        .holder_id(label)
+        .probe_interval(PROBE)
+        .probe_grace(Duration::from_millis(300))
+        .build()
+}
+
+/// Terminates the session holding `key` (without waiting for it to exit, so the caller can time
+/// what follows from the moment the signal is sent).
+async fn kill_holder(observer: &PgPool, key: &str) -> i32 {
+    let rows = lock_rows(observer, lock_id(key)).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let pid = rows[0].pid;
+    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(observer)
+        .await
+        .expect("terminate");
+    assert!(terminated, "backend {pid} terminated");
+    pid
+}
+
+#[tokio::test]
+async fn a_terminated_holder_is_reported_within_an_interval_every_time() {
+    let observer = observer().await;
+    let locks = watched_manager("detect").await;
+    let rival = PostgresLockManager::new(pool_named(2, &app_name("rival")).await);
+    let trials = 100;
+    let mut latencies = Vec::with_capacity(trials);
+    for _ in 0..trials {
+        let key = key("detect");
+        let guard = locks.acquire(&key, None).await.expect("acquire");
+        let killed_at = Instant::now();
+        kill_holder(&observer, &key).await;
+        let cause = tokio::time::timeout(Duration::from_secs(5), guard.lost())
+            .await
+            .expect("the loss is signalled");
+        latencies.push(killed_at.elapsed());
+        assert_eq!(cause, LossCause::NotOnServer);
+        assert!(guard.is_lost());
+        assert!(guard.lost_token().is_cancelled());
+        assert!(
+            !locks.is_held(&key).await,
+            "the registry forgot the lost lock"
+        );
+
+        // Someone else takes the lock; the lost guard's release must not touch it.
+        let next = rival
+            .acquire(&key, Some(Duration::from_secs(5)))
+            .await
+            .expect("rival");
+        match guard.release().await {
+            Err(Error::LockLost { key: named, cause }) => {
+                assert_eq!(named, key);
+                assert_eq!(cause, LossCause::NotOnServer);
+            }
+            other => panic!("expected LockLost, got {other:?}"),
+        }
+        let rows = lock_rows(&observer, lock_id(&key)).await;
+        assert_eq!(rows.len(), 1, "the rival still holds it: {rows:?}");
+        assert!(next.release().await.expect("rival release"));
+    }
+    latencies.sort();
+    let p50 = latencies[trials / 2];
+    let max = latencies[trials - 1];
+    println!(
+        "detection latency over {trials} trials (probe interval {PROBE:?}): min={:?} p50={p50:?} max={max:?}",
+        latencies[0]
+    );
+    // One interval plus a round trip, with room for a noisy CI machine; a missed probe would
+    // show up as about two intervals.
+    let bound = PROBE + Duration::from_millis(50);
+    assert!(max <= bound, "slowest detection {max:?} exceeds {bound:?}");
+    assert_eq!(locks.held_lock_count(), 0);
+}
+
+#[tokio::test]
+async fn a_lost_lock_taken_with_try_acquire_leaves_the_registry() {
+    let observer = observer().await;
+    let locks = watched_manager("detect-try").await;
+    let key = key("detect-try");
+    assert!(locks.try_acquire(&key).await.expect("try").is_some());
+    kill_holder(&observer, &key).await;
+    common::eventually("the lost lock leaves the registry", || async {
+        !locks.is_held(&key).await
+    })
+    .await;
+    assert_eq!(locks.held_lock_count(), 0);
+    assert!(matches!(
+        locks.release(&key).await,
+        Err(Error::NotHeld { .. })
+    ));
+    // The manager is usable at once.
+    assert!(locks.try_acquire(&key).await.expect("try").is_some());
+    locks.release(&key).await.expect("release");
+}
+
+#[tokio::test]
+async fn only_the_lost_lock_is_declared_lost() {
+    let observer = observer().await;
+    let locks = watched_manager("detect-one").await;
+    let (doomed, healthy) = (key("doomed"), key("healthy"));
+    let doomed_guard = locks.acquire(&doomed, None).await.expect("acquire");
+    let healthy_guard = locks.acquire(&healthy, None).await.expect("acquire");
+    kill_holder(&observer, &doomed).await;
+    tokio::time::timeout(Duration::from_secs(5), doomed_guard.lost())
+        .await
+        .expect("lost");
+    // Let the monitor probe a few more times: the healthy lock must survive them.
+    for _ in 0..3 {
+        tokio::time::sleep(PROBE).await;
+    }
+    assert!(!healthy_guard.is_lost());
+    assert!(locks.is_held(&healthy).await);
+    assert!(healthy_guard.release().await.expect("release"));
+}
+
+#[tokio::test]
+async fn with_lock_cancels_its_body_when_the_lock_is_lost() {
+    let observer = observer().await;
+    let locks = watched_manager("with-lock").await;
+    let key = key("with-lock");
+    let progress = Arc::new(Mutex::new(Vec::new()));
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let run = tokio::spawn({
+        let (locks, key, progress) = (locks.clone(), key.clone(), progress.clone());
+        async move {
+            locks
+                .with_lock(&key, None, |info| async move {
+                    progress.lock().unwrap().push("started");
+                    started_tx.send(info).expect("report the start");
+                    std::future::pending::<()>().await;
+                    progress.lock().unwrap().push("finished");
+                })
+                .await
+        }
+    });
+    let info = started_rx.await.expect("the body started");
+    assert_eq!(info.key, key);
+    kill_holder(&observer, &key).await;
+    let result = tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("with_lock returns once the loss is seen")
+        .expect("join");
+    match result {
+        Err(Error::LockLost { key: named, cause }) => {
+            assert_eq!(named, key);
+            assert_eq!(cause, LossCause::NotOnServer);
+        }
+        other => panic!("expected LockLost, got {other:?}"),
+    }
+    assert_eq!(
+        *progress.lock().unwrap(),
+        ["started"],
+        "the body was cut short"
+    );
+    assert_eq!(locks.held_lock_count(), 0);
+}
+
+#[tokio::test]
+async fn with_lock_releases_on_every_path() {
+    let locks = watched_manager("with-lock-paths").await;
+    let key = key("with-lock-paths");
+    let value = locks
+        .with_lock(&key, None, |info| async move { info.lock_id })
+        .await
+        .expect("with_lock");
+    assert_eq!(value, lock_id(&key));
+    assert_eq!(locks.held_lock_count(), 0);
+
+    let failed: Result<(), &str> = locks
+        .with_lock(&key, None, |_| async { Err("the body failed") })
+        .await
+        .expect("with_lock");
+    assert_eq!(failed, Err("the body failed"));
+    let again = locks
+        .acquire(&key, Some(Duration::from_secs(5)))
+        .await
+        .expect("released");
+    assert!(again.release().await.expect("release"));
+
+    // Cancelled from outside.
+    let outcome = tokio::time::timeout(
+        Duration::from_millis(50),
+        locks.with_lock(&key, None, |_| std::future::pending::<()>()),
+    )
+    .await;
+    assert!(outcome.is_err());
+    let again = locks
+        .acquire(&key, Some(Duration::from_secs(5)))
+        .await
+        .expect("released after cancellation");
+    assert!(again.release().await.expect("release"));
+
+    // Not acquired: the body never runs.
+    let blocker = locks.acquire(&key, None).await.expect("acquire");
+    let err = locks
+        .with_lock(&key, Some(Duration::from_millis(20)), |_| async {
+            panic!("the body must not run without the lock")
+        })
+        .await
+        .expect_err("held");
+    assert!(err.is_timeout());
+    assert!(blocker.release().await.expect("release"));
+}
+
+#[tokio::test]
+async fn the_in_memory_manager_can_simulate_a_loss() {
+    let locks = InMemoryLockManager::new();
+    let key = key("simulated");
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let run = tokio::spawn({
+        let (locks, key) = (locks.clone(), key.clone());
+        async move {
+            locks
+                .with_lock(&key, None, |_| async move {
+                    started_tx.send(()).expect("report");
+                    std::future::pending::<()>().await
+                })
+                .await
+        }
+    });
+    started_rx.await.expect("started");
+    assert!(locks.simulate_loss(&key).await);
+    let result = run.await.expect("join");
+    assert!(
+        matches!(
+            result,
+            Err(Error::LockLost {
+                cause: LossCause::Simulated,
+                ..
+            })
+        ),
+        "{result:?}"
+    );
+    assert!(!locks.simulate_loss(&key).await, "nothing left to lose");
+    assert!(
+        locks.try_acquire(&key).await.expect("try").is_some(),
+        "the lock was freed"
+    );
+}
+
+#[tokio::test]
+async fn detection_can_be_switched_off() {
+    let observer = observer().await;
+    let app = app_name("no-detect");
+    let locks = PostgresLockManager::builder(pool_named(2, &app).await)
+        .detect_lost_locks(false)
+        .build();
+    let key = key("no-detect");
+    let guard = locks.acquire(&key, None).await.expect("acquire");
+    let monitor = format!("{app}:pglock-monitor");
+    let sessions = common::sessions_of(&observer, &monitor).await;
+    assert!(sessions.is_empty(), "no monitor connection: {sessions:?}");
+    kill_holder(&observer, &key).await;
+    // Nothing watches, so nothing notices: the loss surfaces only at release.
+    assert!(!guard.is_lost());
+    let err = guard.release().await.expect_err("the session is gone");
+    assert!(matches!(err, Error::ReleaseFailed { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn the_monitor_has_its_own_named_connection_only_while_locks_are_held() {
+    let observer = observer().await;
+    let app = app_name("monitor-name");
+    let locks = PostgresLockManager::builder(pool_named(2, &app).await)
+        .probe_interval(Duration::from_millis(20))
+        .build();
+    let monitor = format!("{app}:pglock-monitor");
+    let guard = locks
+        .acquire(&key("monitor-name"), None)
+        .await
+        .expect("acquire");
+    common::eventually("the monitor connects", || async {
+        common::sessions_of(&observer, &monitor).await.len() == 1
+    })
+    .await;
+    assert!(guard.release().await.expect("release"));
+    common::eventually("the monitor disconnects once nothing is held", || async {
+        common::sessions_of(&observer, &monitor).await.is_empty()
+    })
+    .await;
+}

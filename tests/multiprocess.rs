@@ -1,0 +1,132 @@
+//! Mutual exclusion across operating-system processes: several copies of this test binary, two
+//! tasks each, increment one counter row under one lock with a read and then a separate write.
+//! Any overlap of two critical sections loses an update, so the final value equals the number of
+//! critical sections only if the lock excluded every pair.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use pglock::{LockManager, PostgresLockManager};
+use sqlx::PgPool;
+
+const PROCESSES: usize = 4;
+const TASKS_PER_PROCESS: usize = 2;
+const INCREMENTS_PER_TASK: i64 = 40;
+const ROUNDS: usize = 3;
+
+const ROLE: &str = "PGLOCK_TEST_COUNTER_WORKER";
+
+/// One critical section: read, then write the value read plus one.
+async fn increment(locks: &PostgresLockManager, counters: &PgPool, key: &str, row: uuid::Uuid) {
+    let guard = locks
+        .acquire(key, Some(Duration::from_secs(60)))
+        .await
+        .expect("acquire");
+    let value: i64 = sqlx::query_scalar("SELECT value FROM pglock_test_counter WHERE id = $1")
+        .bind(row)
+        .fetch_one(counters)
+        .await
+        .expect("read");
+    sqlx::query("UPDATE pglock_test_counter SET value = $2 WHERE id = $1")
+        .bind(row)
+        .bind(value + 1)
+        .execute(counters)
+        .await
+        .expect("write");
+    assert!(guard.release().await.expect("release"), "release confirmed");
+}
+
+/// A worker process: its tasks run their increments, then it reports how many it did.
+async fn act_as_worker(spec: &str) -> ! {
+    let (key, row) = spec.split_once('|').expect("key|row");
+    let row: uuid::Uuid = row.parse().expect("row id");
+    let locks = PostgresLockManager::builder(common::pool(TASKS_PER_PROCESS as u32 + 1).await)
+        .holder_id(format!("worker-{}", std::process::id()))
+        .build();
+    let counters = common::pool(TASKS_PER_PROCESS as u32).await;
+    let mut tasks = Vec::new();
+    for _ in 0..TASKS_PER_PROCESS {
+        let (locks, counters, key) = (locks.clone(), counters.clone(), key.to_owned());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..INCREMENTS_PER_TASK {
+                increment(&locks, &counters, &key, row).await;
+            }
+            INCREMENTS_PER_TASK
+        }));
+    }
+    let mut done = 0;
+    for task in tasks {
+        done += task.await.expect("worker task");
+    }
+    println!("\nDONE {done}");
+    std::process::exit(0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_never_overlap_in_the_critical_section() {
+    if let Ok(spec) = std::env::var(ROLE) {
+        act_as_worker(&spec).await;
+    }
+    let setup = common::pool(2).await;
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS pglock_test_counter (id uuid PRIMARY KEY, value bigint NOT NULL)",
+    )
+    .execute(&setup)
+    .await
+    .expect("create the counter table");
+
+    for round in 0..ROUNDS {
+        let row = uuid::Uuid::new_v4();
+        let key = common::key("multiprocess");
+        sqlx::query("INSERT INTO pglock_test_counter (id, value) VALUES ($1, 0)")
+            .bind(row)
+            .execute(&setup)
+            .await
+            .expect("insert");
+        let workers: Vec<_> = (0..PROCESSES)
+            .map(|_| {
+                Command::new(std::env::current_exe().expect("test binary"))
+                    .args([
+                        "processes_never_overlap_in_the_critical_section",
+                        "--exact",
+                        "--nocapture",
+                        "--test-threads=1",
+                    ])
+                    .env(ROLE, format!("{key}|{row}"))
+                    .env("DATABASE_URL", common::url())
+                    .stdout(Stdio::piped())
+                    .spawn()
+                    .expect("spawn a worker process")
+            })
+            .collect();
+        let mut sections = 0;
+        for mut worker in workers {
+            let stdout = worker.stdout.take().expect("stdout");
+            let reported: i64 = BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+                .find_map(|line| {
+                    line.strip_prefix("DONE ")
+                        .map(|n| n.parse().expect("count"))
+                })
+                .expect("the worker reports its count");
+            assert!(worker.wait().expect("wait").success());
+            sections += reported;
+        }
+        let value: i64 = sqlx::query_scalar("SELECT value FROM pglock_test_counter WHERE id = $1")
+            .bind(row)
+            .fetch_one(&setup)
+            .await
+            .expect("read the counter");
+        let expected = (PROCESSES * TASKS_PER_PROCESS) as i64 * INCREMENTS_PER_TASK;
+        println!("round {round}: {sections} critical sections, counter {value}");
+        assert_eq!(sections, expected, "every worker finished every increment");
+        assert_eq!(
+            value, sections,
+            "an update was lost: two critical sections overlapped"
+        );
+    }
+}

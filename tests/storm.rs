@@ -1,0 +1,266 @@
+//! A cancellation storm: many tasks on two managers with small pools acquire, try, release and
+//! drop guards on a few keys, and most operations are cancelled at a random point, by a random
+//! timeout or by aborting their task. Afterwards nothing may be left: no advisory lock on the
+//! server, every pooled session idle and clean, the registries empty, and the keys usable.
+//!
+//! `PGLOCK_STORM_CANCELLATIONS` sets how many cancellations to inflict (default 10,000) and
+//! `PGLOCK_STORM_SEED` replays a run (the seed is printed).
+
+mod common;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
+use std::time::Duration;
+
+use common::{app_name, assert_pool_clean, eventually, key, lock_rows, observer};
+use pglock::{LockManager, PostgresLockManager, lock_id};
+
+const TASKS_PER_MANAGER: usize = 6;
+const KEYS: usize = 4;
+
+/// xorshift64*: enough randomness for scheduling chaos, reproducible from a seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// How an operation is given time between polls.
+#[derive(Clone, Copy)]
+enum Pace {
+    /// Yield to the scheduler: cancels early, in the manager's own queues and the pool.
+    Yield,
+    /// Sleep a few microseconds on a blocking thread, so the runtime's I/O driver runs and
+    /// statements reach the server: cancels with a statement in flight.
+    Micros(u64),
+}
+
+/// Polls `future` at most `polls` times, pausing as `pace` says in between, and drops it if it
+/// has not finished: a cancellation at an arbitrary await point.
+async fn within_polls<F: Future>(future: F, polls: u64, pace: Pace) -> Option<F::Output> {
+    let mut future = std::pin::pin!(future);
+    for _ in 0..polls {
+        let polled = std::future::poll_fn(|cx| {
+            Poll::Ready(match Pin::new(&mut future).as_mut().poll(cx) {
+                Poll::Ready(output) => Some(output),
+                Poll::Pending => None,
+            })
+        })
+        .await;
+        if polled.is_some() {
+            return polled;
+        }
+        match pace {
+            Pace::Yield => tokio::task::yield_now().await,
+            Pace::Micros(micros) => tokio::task::spawn_blocking(move || {
+                std::thread::sleep(Duration::from_micros(micros));
+            })
+            .await
+            .expect("pause"),
+        }
+    }
+    None
+}
+
+/// Cancels `future` one way or another, picked at random; true if it was cut short.
+async fn maybe_cancel<F>(rng: &mut Rng, future: F) -> (bool, Option<F::Output>)
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    match rng.below(4) {
+        0 => {
+            let output = within_polls(future, 1 + rng.below(40), Pace::Yield).await;
+            (output.is_none(), output)
+        }
+        1 => {
+            let pace = Pace::Micros(rng.below(150));
+            let output = within_polls(future, 1 + rng.below(12), pace).await;
+            (output.is_none(), output)
+        }
+        2 => {
+            let budget = Duration::from_micros(rng.below(3_000));
+            let output = tokio::time::timeout(budget, future).await.ok();
+            (output.is_none(), output)
+        }
+        _ => {
+            let task = tokio::spawn(future);
+            for _ in 0..rng.below(30) {
+                tokio::task::yield_now().await;
+            }
+            task.abort();
+            match task.await {
+                Ok(output) => (false, Some(output)),
+                Err(err) if err.is_cancelled() => (true, None),
+                Err(err) => std::panic::resume_unwind(err.into_panic()),
+            }
+        }
+    }
+}
+
+async fn storm_task(
+    locks: PostgresLockManager,
+    keys: Arc<Vec<String>>,
+    seed: u64,
+    target: u64,
+    cancellations: Arc<AtomicU64>,
+    completed: Arc<AtomicU64>,
+) {
+    let mut rng = Rng(seed | 1);
+    while cancellations.load(Ordering::Relaxed) < target {
+        let key = keys[rng.below(KEYS as u64) as usize].clone();
+        let locks_for_op = locks.clone();
+        let choice = rng.below(6);
+        let timeout = [
+            None,
+            Some(Duration::ZERO),
+            Some(Duration::from_millis(rng.below(5))),
+        ][rng.below(3) as usize];
+        let (cut, output) = match choice {
+            0 | 1 => {
+                let (cut, guard) = maybe_cancel(&mut rng, async move {
+                    locks_for_op.acquire(&key, timeout).await
+                })
+                .await;
+                if let Some(Ok(guard)) = guard {
+                    // Release it, cancel the release, or just drop the guard.
+                    match rng.below(3) {
+                        0 => drop(guard),
+                        _ => {
+                            let (cut_release, _) =
+                                maybe_cancel(&mut rng, async move { guard.release().await }).await;
+                            if cut_release {
+                                cancellations.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                }
+                (cut, Some(()))
+            }
+            2 => {
+                let (cut, output) = maybe_cancel(&mut rng, async move {
+                    locks_for_op.acquire_shared(&key, timeout).await
+                })
+                .await;
+                (cut, output.map(drop))
+            }
+            3 => {
+                let (cut, output) = maybe_cancel(&mut rng, async move {
+                    let took = locks_for_op.try_acquire(&key).await;
+                    if let Ok(Some(_)) = took {
+                        let _ = locks_for_op.release(&key).await;
+                    }
+                })
+                .await;
+                (cut, output)
+            }
+            _ => {
+                let (cut, output) =
+                    maybe_cancel(&mut rng, async move { locks_for_op.release(&key).await }).await;
+                (cut, output.map(drop))
+            }
+        };
+        if cut {
+            cancellations.fetch_add(1, Ordering::Relaxed);
+        } else if output.is_some() {
+            completed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_leaks_through_a_storm_of_cancellations() {
+    let target: u64 = std::env::var("PGLOCK_STORM_CANCELLATIONS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(10_000);
+    let seed: u64 = std::env::var("PGLOCK_STORM_SEED")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| uuid::Uuid::new_v4().as_u64_pair().0);
+    println!("storm: {target} cancellations, seed {seed} (replay with PGLOCK_STORM_SEED={seed})");
+
+    let observer = observer().await;
+    let apps = [app_name("storm-a"), app_name("storm-b")];
+    // One pool checks connections on checkout (sqlx's default), one does not: a cancelled
+    // health check makes sqlx close the connection, which would hide a leaked lock.
+    let mut managers = Vec::new();
+    for (app, test_before_acquire) in apps.iter().zip([true, false]) {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(3)
+            .acquire_timeout(Duration::from_secs(30))
+            .test_before_acquire(test_before_acquire)
+            .connect_with(common::options(app))
+            .await
+            .expect("connect");
+        managers.push(PostgresLockManager::new(pool));
+    }
+    let keys: Arc<Vec<String>> = Arc::new((0..KEYS).map(|n| key(&format!("storm-{n}"))).collect());
+    let cancellations = Arc::new(AtomicU64::new(0));
+    let completed = Arc::new(AtomicU64::new(0));
+    let started = tokio::time::Instant::now();
+    let mut tasks = Vec::new();
+    let mut rng = Rng(seed | 1);
+    for locks in &managers {
+        for _ in 0..TASKS_PER_MANAGER {
+            tasks.push(tokio::spawn(storm_task(
+                locks.clone(),
+                keys.clone(),
+                rng.next(),
+                target,
+                cancellations.clone(),
+                completed.clone(),
+            )));
+        }
+    }
+    for task in tasks {
+        task.await.expect("a storm task panicked");
+    }
+    let cancelled = cancellations.load(Ordering::Relaxed);
+    println!(
+        "storm: {cancelled} cancellations and {} completed operations in {:?}",
+        completed.load(Ordering::Relaxed),
+        started.elapsed()
+    );
+    assert!(cancelled >= target);
+    // Dropped guards and cancelled releases finish in the background: wait for the registries
+    // to empty, then for the server to forget every closed session.
+    for locks in &managers {
+        eventually("the registry empties", || async {
+            locks.held_lock_count() == 0
+        })
+        .await;
+    }
+    for key in keys.iter() {
+        eventually("no advisory lock of the storm's keys is left", || async {
+            lock_rows(&observer, lock_id(key)).await.is_empty()
+        })
+        .await;
+    }
+    for app in &apps {
+        assert_pool_clean(&observer, app).await;
+    }
+    for locks in &managers {
+        for key in keys.iter() {
+            assert!(!locks.is_held(key).await);
+            let guard = locks
+                .acquire(key, Some(Duration::from_secs(10)))
+                .await
+                .expect("every key is usable after the storm");
+            assert!(guard.release().await.expect("release"));
+        }
+        assert_eq!(locks.held_lock_count(), 0);
+    }
+}
