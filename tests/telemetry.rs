@@ -408,3 +408,31 @@ async fn a_manager_built_with_tracing_off_emits_no_spans() {
         .collect();
     assert!(from_quiet.is_empty(), "{from_quiet:#?}");
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_lost_lock_emits_a_lost_span_with_its_cause() {
+    let capture = Capture::install();
+    let locks = pglock::InMemoryLockManager::builder()
+        .holder_id("telemetry-lost")
+        .build();
+    let key = common::key("telemetry-lost");
+    let guard = locks.acquire(&key, None).await.expect("acquire");
+    assert!(locks.simulate_loss(&key).await);
+    assert_eq!(guard.lost().await, pglock::LossCause::Simulated);
+    assert!(guard.release().await.is_err());
+
+    let spans = capture.finished_spans();
+    let lost = spans_named(&spans, telemetry::LOST_SPAN, &key, 1)[0];
+    assert_eq!(str_attr(lost, telemetry::KEY), Some(key.as_str()));
+    assert_eq!(i64_attr(lost, telemetry::LOCK_ID), Some(lock_id(&key)));
+    assert_eq!(str_attr(lost, telemetry::HOLDER_ID), Some("telemetry-lost"));
+    assert_eq!(str_attr(lost, telemetry::MODE), Some("exclusive"));
+    assert_eq!(
+        str_attr(lost, telemetry::CAUSE),
+        Some(pglock::LossCause::Simulated.to_string().as_str())
+    );
+    assert!(matches!(lost.status, Status::Error { .. }), "{lost:#?}");
+    // The guard's release after the loss is reported as such.
+    let release = spans_named(&spans, telemetry::RELEASE_SPAN, &key, 1)[0];
+    assert_eq!(str_attr(release, telemetry::OUTCOME), Some(outcome::LOST));
+}

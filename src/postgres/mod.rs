@@ -72,6 +72,18 @@ use crate::core::{Core, Hook, Options, delegate_lock_manager};
 ///   timed out or returned false is closed, which frees whatever it held. Nothing the manager
 ///   changes on a session outlives the statement that changed it.
 ///
+/// # Lost locks
+///
+/// While it holds locks, the manager checks once per
+/// [`probe_interval`](PostgresLockManagerBuilder::probe_interval) that the server still holds
+/// each of them: one query on a dedicated connection, for all locks at once. A lock whose session
+/// ended (terminated, timed out, server restarted) is declared lost within about one interval;
+/// when the server cannot be asked, held locks are declared lost once the interval plus
+/// [`probe_grace`](PostgresLockManagerBuilder::probe_grace) has passed since they were last
+/// confirmed. A lost lock leaves the registry, its session is closed, and its guard's
+/// [`lost`](crate::LockGuard::lost) signal fires. `docs/failure-model.md` has the measured
+/// latencies and the limits.
+///
 /// # Cancel safety
 ///
 /// Every async method is cancel safe at every await point. A dropped `acquire` or

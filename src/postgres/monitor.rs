@@ -39,10 +39,7 @@ async fn run(weak: Weak<Core<PgBackend>>) {
     let mut conn: Option<PgConnection> = None;
     // The last moment at which every lock probed was confirmed held.
     let mut confirmed_at: Option<Instant> = None;
-    loop {
-        let Some((interval, grace)) = weak.upgrade().and_then(|core| core.backend.probe) else {
-            break;
-        };
+    while let Some((interval, grace)) = weak.upgrade().and_then(|core| core.backend.probe) {
         sleep(interval).await;
         let Some(core) = weak.upgrade() else { break };
         let watched = core.watched().await;
