@@ -41,6 +41,8 @@ This binary's knobs:
                           interleaved, in one process.
   --pool-max N            max_connections of pglock's pools (default: keys + 8)
   --pglock-tracing on|off the manager's tracing spans (default on; off adds `_notrace` to the label)
+  --acquire-timeout S     pglock: acquire(key, Some(S seconds)) instead of acquire(key, None), the
+                          deadline path (server-side lock_timeout); adds `_timeout<S>s` to the label
   --cycles N              fixed-count mode for W1/W2 (for callgrind): exactly N timed ops after
                           --warmup-cycles untimed ones, no background sampler
   --warmup-cycles N       untimed ops before the timed ones in --cycles mode (default 200)
@@ -64,6 +66,7 @@ pub struct Args {
     pub counter_sync_commit: String,
     pub pool_max: Option<u32>,
     pub pglock_tracing: bool,
+    pub acquire_timeout: Option<f64>,
     pub cycles: Option<u64>,
     pub warmup_cycles: u64,
     pub log_statements: bool,
@@ -91,6 +94,7 @@ impl Default for Args {
             counter_sync_commit: "off".to_owned(),
             pool_max: None,
             pglock_tracing: true,
+            acquire_timeout: None,
             cycles: None,
             warmup_cycles: 200,
             log_statements: false,
@@ -121,6 +125,10 @@ impl Args {
         ];
         if self.log_statements {
             out.push("--log-statements".to_owned());
+        }
+        if let Some(t) = self.acquire_timeout {
+            out.push("--acquire-timeout".to_owned());
+            out.push(t.to_string());
         }
         out
     }
@@ -189,6 +197,7 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
                     other => return Err(format!("--pglock-tracing on|off, got {other:?}")),
                 }
             }
+            "--acquire-timeout" => a.acquire_timeout = Some(num(&flag, &value()?)?),
             "--cycles" => a.cycles = Some(num(&flag, &value()?)?),
             "--warmup-cycles" => a.warmup_cycles = num(&flag, &value()?)?,
             "--run-id" => a.run_id = Some(value()?),
@@ -212,6 +221,11 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
         return Err(
             "--keys, --ring, --concurrency, --procs and --tasks-per-proc must be > 0".into(),
         );
+    }
+    if a.acquire_timeout
+        .is_some_and(|t| !(t > 0.0 && t.is_finite()))
+    {
+        return Err("--acquire-timeout must be a positive number of seconds".to_owned());
     }
     if a.cycles == Some(0) {
         return Err("--cycles must be > 0".to_owned());

@@ -8,6 +8,8 @@
 //! * `sqlx_advisory`: sqlx's own [`PgAdvisoryLock`], one connection per holder.
 //! * `noop`: a lock that excludes nothing, the negative control.
 
+use std::time::Duration;
+
 use pglock::{LockGuard, LockManager, PostgresLockManager};
 use sqlx::postgres::{
     PgAdvisoryLock, PgAdvisoryLockKey, PgConnectOptions, PgConnection, PgPoolOptions,
@@ -67,6 +69,9 @@ impl LibKind {
             if !args.pglock_tracing {
                 label.push_str("_notrace");
             }
+            if let Some(t) = args.acquire_timeout {
+                label.push_str(&format!("_timeout{t}s"));
+            }
         }
         label
     }
@@ -100,6 +105,7 @@ pub struct Lib {
     pub kind: LibKind,
     opts: PgConnectOptions,
     manager: Option<PostgresLockManager>,
+    acquire_timeout: Option<Duration>,
 }
 
 impl Lib {
@@ -120,6 +126,7 @@ impl Lib {
             kind,
             opts,
             manager,
+            acquire_timeout: args.acquire_timeout.map(Duration::from_secs_f64),
         })
     }
 
@@ -134,7 +141,8 @@ impl Lib {
     pub async fn new_holder(&self) -> Res<Holder> {
         Ok(match self.kind {
             LibKind::Pglock | LibKind::PglockDefaultPool => {
-                Holder::Pglock(self.manager.clone().expect("pglock libs have a manager"))
+                let manager = self.manager.clone().expect("pglock libs have a manager");
+                Holder::Pglock(manager, self.acquire_timeout)
             }
             LibKind::SqlxRaw => {
                 Holder::Raw(PgConnection::connect_with(&self.opts).await.map_err(err)?)
@@ -187,8 +195,9 @@ fn pglock_manager(pool: PgPool, args: &Args) -> PostgresLockManager {
 /// What a task locks with.
 pub enum Holder {
     /// A clone of the process's manager: every holder of a process is the same pglock holder,
-    /// as the manager's docs prescribe (one manager per process).
-    Pglock(PostgresLockManager),
+    /// as the manager's docs prescribe (one manager per process). The timeout is what
+    /// `acquire` is given (`None` unless `--acquire-timeout`).
+    Pglock(PostgresLockManager, Option<Duration>),
     Raw(PgConnection),
     Advisory(PgConnection),
     Noop,
@@ -237,8 +246,8 @@ impl Holder {
     /// A blocking acquisition, waiting on the server for as long as it takes.
     pub async fn acquire(&mut self, key: &Key) -> Res<Held> {
         match self {
-            Holder::Pglock(manager) => manager
-                .acquire(&key.name, None)
+            Holder::Pglock(manager, timeout) => manager
+                .acquire(&key.name, *timeout)
                 .await
                 .map(Held::Guard)
                 .map_err(err),
@@ -272,7 +281,7 @@ impl Holder {
     /// Releases one acquisition; a release the server does not confirm is an error.
     pub async fn release(&mut self, held: Held) -> Res<()> {
         match (self, held) {
-            (Holder::Pglock(_), Held::Guard(guard)) => match guard.release().await {
+            (Holder::Pglock(..), Held::Guard(guard)) => match guard.release().await {
                 Ok(true) => Ok(()),
                 Ok(false) => Err("LockGuard::release returned false (already released)".into()),
                 Err(e) => Err(err(e)),
@@ -303,7 +312,7 @@ impl Holder {
     /// One attempt that must not wait; true when the lock was granted.
     pub async fn try_acquire(&mut self, key: &Key) -> Res<bool> {
         match self {
-            Holder::Pglock(manager) => manager
+            Holder::Pglock(manager, _) => manager
                 .try_acquire(&key.name)
                 .await
                 .map(|info| info.is_some())
@@ -332,7 +341,7 @@ impl Holder {
     /// Gives back a lock that `try_acquire` wrongly granted, so the run can go on.
     pub async fn release_tried(&mut self, key: &Key) -> Res<()> {
         match self {
-            Holder::Pglock(manager) => manager.release(&key.name).await.map_err(err),
+            Holder::Pglock(manager, _) => manager.release(&key.name).await.map_err(err),
             Holder::Raw(_) => self.release(Held::Id(key.id)).await,
             Holder::Advisory(_) => {
                 let lock = key
@@ -350,7 +359,7 @@ impl Holder {
             Holder::Raw(conn) | Holder::Advisory(conn) => {
                 let _ = conn.close().await;
             }
-            Holder::Pglock(_) | Holder::Noop => {}
+            Holder::Pglock(..) | Holder::Noop => {}
         }
     }
 }

@@ -87,4 +87,12 @@ impl Latencies {
     pub fn p99(&self) -> Option<i64> {
         pct(&self.0, 0.99)
     }
+    /// Extra tail figures for `detail`: p90, p99.9 and the maximum.
+    pub fn tail(&self) -> Value {
+        json!({
+            "p90_ms": ns_to_ms(pct(&self.0, 0.9)),
+            "p999_ms": ns_to_ms(pct(&self.0, 0.999)),
+            "max_ms": ns_to_ms(self.0.last().copied()),
+        })
+    }
 }

@@ -167,7 +167,7 @@ async fn w1_body(
         conns,
         json!({"n": n, "elapsed_s": (elapsed * 1000.0).round() / 1000.0, "distinct_keys": nkeys,
                "seen_held": seen_held, "seen_free": seen_free, "errors": errors,
-               "leaked": leaked, "fixed_cycles": args.cycles.is_some(),
+               "leaked": leaked, "fixed_cycles": args.cycles.is_some(), "tail": lat.tail(),
                "latency": "acquire+release per cycle"}),
     ))
 }
@@ -269,7 +269,7 @@ async fn w2_body(
         conns,
         json!({"n": n, "elapsed_s": (elapsed * 1000.0).round() / 1000.0,
                "wrongly_granted": wrong, "errors": errors, "fixed_cycles": args.cycles.is_some(),
-               "latency": "one failed try"}),
+               "tail": lat.tail(), "latency": "one failed try"}),
     ))
 }
 
@@ -768,7 +768,7 @@ async fn w4_body(args: &Args, lib: &Lib, apps: &Apps, probe: &mut PgConnection) 
         conns_held,
         json!({"rounds": rounds, "K": k_count, "elapsed_s": (elapsed * 1000.0).round() / 1000.0,
                "connections_before": before, "seen_held": seen_held, "bulk_held": bulk_held,
-               "seen_free": seen_free, "leaked": leaked, "errors": errors,
+               "seen_free": seen_free, "leaked": leaked, "errors": errors, "tail": lat.tail(),
                "ops": "keys per second (one acquire + one release each)",
                "latency": "one round: acquire K keys then release K"}),
     ))
