@@ -1,0 +1,365 @@
+//! The libraries under test, behind one small holder interface.
+//!
+//! * `pglock`: [`PostgresLockManager`] through its public API (`acquire` + `LockGuard::release`,
+//!   `try_acquire` + `release`), on a pool built the way a performance-aware user would.
+//! * `pglock_defaultpool`: the same on a pool with sqlx's default options, except
+//!   `max_connections` (sized as pglock's docs ask: one connection per held lock).
+//! * `sqlx_raw`: the bare statements on one connection per holder, prepared (the floor).
+//! * `sqlx_advisory`: sqlx's own [`PgAdvisoryLock`], one connection per holder.
+//! * `noop`: a lock that excludes nothing, the negative control.
+
+use std::time::Duration;
+
+use pglock::{LockGuard, LockManager, PostgresLockManager};
+use sqlx::postgres::{
+    PgAdvisoryLock, PgAdvisoryLockKey, PgConnectOptions, PgConnection, PgPoolOptions,
+};
+use sqlx::{Connection, Either, PgPool};
+
+use crate::cli::Args;
+
+pub type Res<T> = Result<T, String>;
+
+pub fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LibKind {
+    Pglock,
+    PglockDefaultPool,
+    SqlxRaw,
+    SqlxAdvisory,
+    Noop,
+}
+
+impl LibKind {
+    pub fn parse(name: &str) -> Option<LibKind> {
+        Some(match name {
+            "pglock" => LibKind::Pglock,
+            "pglock_defaultpool" => LibKind::PglockDefaultPool,
+            "sqlx_raw" => LibKind::SqlxRaw,
+            "sqlx_advisory" => LibKind::SqlxAdvisory,
+            "noop" => LibKind::Noop,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            LibKind::Pglock => "pglock",
+            LibKind::PglockDefaultPool => "pglock_defaultpool",
+            LibKind::SqlxRaw => "sqlx_raw",
+            LibKind::SqlxAdvisory => "sqlx_advisory",
+            LibKind::Noop => "noop",
+        }
+    }
+
+    fn is_pglock(self) -> bool {
+        matches!(self, LibKind::Pglock | LibKind::PglockDefaultPool)
+    }
+
+    /// The `lib` field: the name plus a suffix for any non-default knob.
+    pub fn label(self, args: &Args) -> String {
+        let mut label = self.name().to_owned();
+        if self.is_pglock() {
+            if args.pool_max.is_some() {
+                label.push_str(&format!("_pool{}", args.pool_max()));
+            }
+            if !args.pglock_tracing {
+                label.push_str("_notrace");
+            }
+            if let Some(t) = args.acquire_timeout {
+                label.push_str(&format!("_timeout{t}s"));
+            }
+        }
+        label
+    }
+}
+
+/// A key as every library sees it: the string pglock hashes and the id the others use.
+///
+/// `id == pglock::lock_id(&name)`, which is also bench_peers.py's `key_int` of the same
+/// `lockbench:<run>:<scope>:<i>` string, so probes work the same for every library.
+#[derive(Debug, Clone)]
+pub struct Key {
+    pub name: String,
+    pub id: i64,
+    /// sqlx_advisory's lock object, built once per key as its docs suggest.
+    adv: Option<PgAdvisoryLock>,
+}
+
+/// Connect options for one role of connection (lock, peer, harness) of a run.
+pub fn connect_options(dsn: &str, app: &str, settings: &[(&str, &str)]) -> Res<PgConnectOptions> {
+    let opts: PgConnectOptions = dsn.parse().map_err(err)?;
+    let opts = opts.application_name(app);
+    Ok(if settings.is_empty() {
+        opts
+    } else {
+        opts.options(settings.iter().copied())
+    })
+}
+
+/// One library instance (a manager and its pool, or nothing) shared by a process's holders.
+pub struct Lib {
+    pub kind: LibKind,
+    opts: PgConnectOptions,
+    manager: Option<PostgresLockManager>,
+    acquire_timeout: Option<Duration>,
+}
+
+impl Lib {
+    /// Builds the library; its lock connections carry `application_name = app`.
+    pub fn start(kind: LibKind, dsn: &str, app: &str, args: &Args) -> Res<Lib> {
+        let settings: &[(&str, &str)] = if args.log_statements {
+            &[("log_statement", "all")]
+        } else {
+            &[]
+        };
+        let opts = connect_options(dsn, app, settings)?;
+        let manager = match kind {
+            LibKind::Pglock => Some(pglock_manager(tuned_pool(&opts, args), args)),
+            LibKind::PglockDefaultPool => Some(pglock_manager(default_pool(&opts, args), args)),
+            _ => None,
+        };
+        Ok(Lib {
+            kind,
+            opts,
+            manager,
+            acquire_timeout: args.acquire_timeout.map(Duration::from_secs_f64),
+        })
+    }
+
+    pub fn key(&self, run_id: &str, scope: &str, i: usize) -> Key {
+        let name = format!("lockbench:{run_id}:{scope}:{i}");
+        let id = pglock::lock_id(&name);
+        let adv = (self.kind == LibKind::SqlxAdvisory)
+            .then(|| PgAdvisoryLock::with_key(PgAdvisoryLockKey::BigInt(id)));
+        Key { name, id, adv }
+    }
+
+    pub async fn new_holder(&self) -> Res<Holder> {
+        Ok(match self.kind {
+            LibKind::Pglock | LibKind::PglockDefaultPool => {
+                let manager = self.manager.clone().expect("pglock libs have a manager");
+                Holder::Pglock(manager, self.acquire_timeout)
+            }
+            LibKind::SqlxRaw => {
+                Holder::Raw(PgConnection::connect_with(&self.opts).await.map_err(err)?)
+            }
+            LibKind::SqlxAdvisory => {
+                Holder::Advisory(PgConnection::connect_with(&self.opts).await.map_err(err)?)
+            }
+            LibKind::Noop => Holder::Noop,
+        })
+    }
+
+    pub async fn close(self) {
+        if let Some(manager) = self.manager {
+            let _ = manager.release_all().await;
+            manager.pool().close().await;
+        }
+    }
+}
+
+/// The pool a performance-aware user builds for a lock manager.
+///
+/// * `test_before_acquire(false)`: sqlx otherwise pings every idle connection on checkout, one
+///   extra round trip before every lock statement. A dead connection then surfaces as an error
+///   of the lock statement instead, which pglock reports as `Error::Connection`.
+/// * `max_connections`: one per lock held at once (plus slack), as pglock's docs ask.
+///
+/// Everything else is sqlx's default, so `pglock` and `pglock_defaultpool` differ in exactly
+/// one option.
+fn tuned_pool(opts: &PgConnectOptions, args: &Args) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(args.pool_max())
+        .test_before_acquire(false)
+        .connect_lazy_with(opts.clone())
+}
+
+/// sqlx's defaults (`PgPool::connect`), except `max_connections`, without which W4's K held
+/// locks could not be taken at all (the default is 10).
+fn default_pool(opts: &PgConnectOptions, args: &Args) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(args.pool_max())
+        .connect_lazy_with(opts.clone())
+}
+
+fn pglock_manager(pool: PgPool, args: &Args) -> PostgresLockManager {
+    PostgresLockManager::builder(pool)
+        .tracing(args.pglock_tracing)
+        .build()
+}
+
+/// What a task locks with.
+pub enum Holder {
+    /// A clone of the process's manager: every holder of a process is the same pglock holder,
+    /// as the manager's docs prescribe (one manager per process). The timeout is what
+    /// `acquire` is given (`None` unless `--acquire-timeout`).
+    Pglock(PostgresLockManager, Option<Duration>),
+    Raw(PgConnection),
+    Advisory(PgConnection),
+    Noop,
+}
+
+/// Proof of one acquisition, handed back to `release`.
+pub enum Held {
+    Guard(LockGuard),
+    Id(i64),
+    Advisory(PgAdvisoryLock),
+    Nothing,
+}
+
+const TRY_LOCK: &str = "SELECT pg_try_advisory_lock($1)";
+const LOCK: &str = "SELECT pg_advisory_lock($1)";
+const UNLOCK: &str = "SELECT pg_advisory_unlock($1)";
+
+async fn raw_bool(conn: &mut PgConnection, sql: &'static str, id: i64) -> Res<bool> {
+    // Persistent (the default): prepared once per connection, then Bind/Execute/Sync.
+    sqlx::query_scalar::<_, bool>(sql)
+        .bind(id)
+        .fetch_one(conn)
+        .await
+        .map_err(err)
+}
+
+impl Holder {
+    /// W1's acquisition of a free key. sqlx_raw uses `pg_try_advisory_lock`, which must say
+    /// true (as the asyncpg and pgbench floors do); the libraries use their blocking acquire.
+    pub async fn acquire_uncontended(&mut self, key: &Key) -> Res<Held> {
+        match self {
+            Holder::Raw(conn) => {
+                if raw_bool(conn, TRY_LOCK, key.id).await? {
+                    Ok(Held::Id(key.id))
+                } else {
+                    Err(format!(
+                        "pg_try_advisory_lock({}) returned false on a free key",
+                        key.id
+                    ))
+                }
+            }
+            _ => self.acquire(key).await,
+        }
+    }
+
+    /// A blocking acquisition, waiting on the server for as long as it takes.
+    pub async fn acquire(&mut self, key: &Key) -> Res<Held> {
+        match self {
+            Holder::Pglock(manager, timeout) => manager
+                .acquire(&key.name, *timeout)
+                .await
+                .map(Held::Guard)
+                .map_err(err),
+            Holder::Raw(conn) => {
+                sqlx::query(LOCK)
+                    .bind(key.id)
+                    .execute(conn)
+                    .await
+                    .map_err(err)?;
+                Ok(Held::Id(key.id))
+            }
+            Holder::Advisory(conn) => {
+                let lock = key
+                    .adv
+                    .as_ref()
+                    .expect("sqlx_advisory keys carry their lock");
+                // The guard borrows the connection, and W4 holds K locks on it at once, so the
+                // guard is leaked and the lock released with `force_release`, the crate's
+                // documented manual path; `release_now` sends the same statement.
+                let guard = lock.acquire(&mut *conn).await.map_err(err)?;
+                guard.leak();
+                Ok(Held::Advisory(lock.clone()))
+            }
+            Holder::Noop => {
+                tokio::task::yield_now().await;
+                Ok(Held::Nothing)
+            }
+        }
+    }
+
+    /// Releases one acquisition; a release the server does not confirm is an error.
+    pub async fn release(&mut self, held: Held) -> Res<()> {
+        match (self, held) {
+            (Holder::Pglock(..), Held::Guard(guard)) => match guard.release().await {
+                Ok(true) => Ok(()),
+                Ok(false) => Err("LockGuard::release returned false (already released)".into()),
+                Err(e) => Err(err(e)),
+            },
+            (Holder::Raw(conn), Held::Id(id)) => {
+                if raw_bool(conn, UNLOCK, id).await? {
+                    Ok(())
+                } else {
+                    Err(format!("pg_advisory_unlock({id}) returned false: not held"))
+                }
+            }
+            (Holder::Advisory(conn), Held::Advisory(lock)) => {
+                let (_, released) = lock.force_release(&mut *conn).await.map_err(err)?;
+                if released {
+                    Ok(())
+                } else {
+                    Err("PgAdvisoryLock::force_release returned false: not held".into())
+                }
+            }
+            (Holder::Noop, _) => {
+                tokio::task::yield_now().await;
+                Ok(())
+            }
+            _ => Err("BUG: release with another library's acquisition".into()),
+        }
+    }
+
+    /// One attempt that must not wait; true when the lock was granted.
+    pub async fn try_acquire(&mut self, key: &Key) -> Res<bool> {
+        match self {
+            Holder::Pglock(manager, _) => manager
+                .try_acquire(&key.name)
+                .await
+                .map(|info| info.is_some())
+                .map_err(err),
+            Holder::Raw(conn) => raw_bool(conn, TRY_LOCK, key.id).await,
+            Holder::Advisory(conn) => {
+                let lock = key
+                    .adv
+                    .as_ref()
+                    .expect("sqlx_advisory keys carry their lock");
+                match lock.try_acquire(&mut *conn).await.map_err(err)? {
+                    Either::Left(guard) => {
+                        guard.leak();
+                        Ok(true)
+                    }
+                    Either::Right(_) => Ok(false),
+                }
+            }
+            Holder::Noop => {
+                tokio::task::yield_now().await;
+                Ok(true)
+            }
+        }
+    }
+
+    /// Gives back a lock that `try_acquire` wrongly granted, so the run can go on.
+    pub async fn release_tried(&mut self, key: &Key) -> Res<()> {
+        match self {
+            Holder::Pglock(manager, _) => manager.release(&key.name).await.map_err(err),
+            Holder::Raw(_) => self.release(Held::Id(key.id)).await,
+            Holder::Advisory(_) => {
+                let lock = key
+                    .adv
+                    .clone()
+                    .expect("sqlx_advisory keys carry their lock");
+                self.release(Held::Advisory(lock)).await
+            }
+            Holder::Noop => Ok(()),
+        }
+    }
+
+    pub async fn close(self) {
+        match self {
+            Holder::Raw(conn) | Holder::Advisory(conn) => {
+                let _ = conn.close().await;
+            }
+            Holder::Pglock(..) | Holder::Noop => {}
+        }
+    }
+}
