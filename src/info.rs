@@ -79,6 +79,23 @@ impl LockInfo {
         self
     }
 
+    /// Describes `key` with a lock id already derived from it.
+    pub(crate) fn from_parts(
+        key: &str,
+        lock_id: i64,
+        holder_id: Option<String>,
+        mode: LockMode,
+    ) -> Self {
+        LockInfo {
+            key: key.to_owned(),
+            lock_id,
+            acquired_at: Utc::now(),
+            holder_id,
+            fencing_token: None,
+            mode,
+        }
+    }
+
     /// Sets the fencing token.
     pub fn with_fencing_token(mut self, token: Option<i64>) -> Self {
         self.fencing_token = token;

@@ -157,6 +157,7 @@ impl InMemoryLockManagerBuilder {
             holder_id: self.holder_id,
             tracing: self.tracing,
             hook: self.hook,
+            handoff: Some(crate::core::HandoffLimits::DEFAULT),
         };
         InMemoryLockManager {
             core: Arc::new(Core::new(backend, options)),
@@ -179,14 +180,16 @@ impl fmt::Debug for InMemoryLockManagerBuilder {
 /// [`lock_id`](crate::lock_id), as on PostgreSQL.
 #[derive(Clone)]
 pub struct InMemoryLockServer {
-    locks: Arc<Mutex<Slots<i64>>>,
+    locks: Arc<Mutex<Slots<i64, tokio::sync::Semaphore>>>,
 }
 
 impl InMemoryLockServer {
     /// An empty server.
     pub fn new() -> Self {
         InMemoryLockServer {
-            locks: Arc::new(Mutex::new(Slots::new(SHARERS as usize))),
+            locks: Arc::new(Mutex::new(Slots::new(|| {
+                tokio::sync::Semaphore::new(SHARERS as usize)
+            }))),
         }
     }
 

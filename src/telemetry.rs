@@ -55,6 +55,9 @@ pub mod outcome {
     pub const TIMEOUT: &str = "timeout";
     /// The lock was released and the release confirmed.
     pub const RELEASED: &str = "released";
+    /// The lock went straight to another task of the same manager that was waiting for it,
+    /// without an unlock on the server.
+    pub const HANDED_OVER: &str = "handed_over";
     /// A guard's release found its acquisition already released through the manager.
     pub const ALREADY_RELEASED: &str = "already_released";
     /// `release` named a key the manager does not hold.

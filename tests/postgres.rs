@@ -183,7 +183,10 @@ async fn a_timed_out_wait_leaves_its_connection_clean_and_pooled() {
     let holder = manager(&app_name("holder"), 2).await;
     let app = app_name("timeout-clean");
     let pool = pool_named(1, &app).await;
-    let waiter = PostgresLockManager::new(pool.clone());
+    // Keep no released session in the manager, so the connection goes straight to the pool.
+    let waiter = PostgresLockManager::builder(pool.clone())
+        .idle_sessions(0, Duration::ZERO)
+        .build();
     let key = key("timeout-clean");
     let guard = holder.acquire(&key, None).await.expect("acquire");
 
@@ -570,4 +573,36 @@ async fn clones_are_one_holder_and_separate_managers_are_two() {
     assert!(other.try_acquire(&key).await.expect("try").is_none());
     same.release(&key).await.expect("a clone may release it");
     assert_eq!(one.held_lock_count(), 0);
+}
+
+#[tokio::test]
+async fn released_sessions_are_reused_then_returned_to_the_pool() {
+    let observer = observer().await;
+    let app = app_name("idle-sessions");
+    let pool = pool_named(1, &app).await;
+    let locks = PostgresLockManager::builder(pool.clone())
+        .idle_sessions(1, Duration::from_millis(100))
+        .build();
+    let key = key("idle-sessions");
+    // A lock loop on a one-connection pool runs on that connection, kept by the manager.
+    for _ in 0..20 {
+        let guard = locks.acquire(&key, None).await.expect("acquire");
+        assert!(guard.release().await.expect("release"));
+    }
+    let sessions = sessions_of(&observer, &app).await;
+    assert_eq!(sessions.len(), 1, "{sessions:?}");
+    // Once unused for its time-to-live, the session goes back to the pool, clean.
+    let mut conn = tokio::time::timeout(Duration::from_secs(10), pool.acquire())
+        .await
+        .expect("the kept session was returned to the pool")
+        .expect("checkout");
+    let (pid, held): (i32, i64) = sqlx::query_as(
+        "SELECT pg_backend_pid(), (SELECT count(*) FROM pg_locks \
+         WHERE locktype = 'advisory' AND pid = pg_backend_pid())",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .expect("query");
+    assert_eq!(pid, sessions[0].pid, "the same connection");
+    assert_eq!(held, 0, "it holds no advisory lock");
 }

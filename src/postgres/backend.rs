@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use sqlx::{AssertSqlSafe, PgPool, Row};
 use tokio::time::{Instant, timeout, timeout_at};
 
-use super::session::PgSession;
+use super::session::{IdleSessions, PgSession};
 use crate::core::{Backend, Core, Request};
 use crate::{Error, LockMode, ReleaseFailure, Result};
 
@@ -73,12 +73,16 @@ pub(crate) struct PgBackend {
     pub(crate) probe: Option<(Duration, Duration)>,
     pub(crate) monitor_running: AtomicBool,
     pub(crate) monitor_name: String,
+    pub(crate) idle: Arc<IdleSessions>,
 }
 
 impl PgBackend {
     /// Checks a connection out of the pool, within the request's deadline when it has a
     /// positive one, otherwise within the pool's own `acquire_timeout`.
     async fn checkout(&self, req: &Request<'_>) -> Result<PgSession> {
+        if let Some(conn) = self.idle.take() {
+            return Ok(PgSession::new(conn, Arc::clone(&self.idle)));
+        }
         let started = Instant::now();
         let deadline = req.deadline.filter(|_| req.timeout != Some(Duration::ZERO));
         let checked_out = match deadline {
@@ -88,7 +92,7 @@ impl PgBackend {
             None => self.pool.acquire().await,
         };
         checked_out
-            .map(PgSession::new)
+            .map(|conn| PgSession::new(conn, Arc::clone(&self.idle)))
             .map_err(|err| self.checkout_error(req.key, err, started.elapsed()))
     }
 

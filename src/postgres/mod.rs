@@ -12,7 +12,8 @@ use std::time::Duration;
 use sqlx::PgPool;
 
 use self::backend::PgBackend;
-use crate::core::{Core, Hook, Options, delegate_lock_manager};
+use self::session::IdleSessions;
+use crate::core::{Core, HandoffLimits, Hook, Options, delegate_lock_manager};
 
 /// A [`LockManager`](crate::LockManager) on PostgreSQL session advisory locks.
 ///
@@ -113,6 +114,8 @@ impl PostgresLockManager {
             release_timeout: Duration::from_secs(5),
             probe_interval: Some(Duration::from_secs(2)),
             probe_grace: Duration::from_secs(2),
+            handoff: Some(HandoffLimits::DEFAULT),
+            idle_sessions: (2, Duration::from_millis(250)),
             hook: None,
         }
     }
@@ -143,6 +146,8 @@ pub struct PostgresLockManagerBuilder {
     release_timeout: Duration,
     probe_interval: Option<Duration>,
     probe_grace: Duration,
+    handoff: Option<HandoffLimits>,
+    idle_sessions: (usize, Duration),
     hook: Option<Hook>,
 }
 
@@ -202,6 +207,37 @@ impl PostgresLockManagerBuilder {
         self
     }
 
+    /// Bounds the in-process handoff of a lock between tasks of this manager.
+    ///
+    /// When a task releases a lock while another task of the same manager waits for the same
+    /// key (in the same mode), the lock goes straight to the waiting task: its session never
+    /// unlocks, so the handoff costs no round trip. This repeats at most `max_handoffs` times
+    /// in a row, and only while less than `max_hold` has passed since the server granted the
+    /// lock; then the lock is unlocked on the server, where processes queued for it get their
+    /// turn before this manager's next task. The bound is what keeps other processes from
+    /// starving. `max_handoffs = 0` turns handoffs off. Default: 16 handoffs, 10 ms.
+    pub fn handoff_limits(mut self, max_handoffs: u32, max_hold: Duration) -> Self {
+        self.handoff = (max_handoffs > 0).then_some(HandoffLimits {
+            max_handoffs,
+            max_hold,
+        });
+        self
+    }
+
+    /// How many released sessions the manager keeps for its next acquisitions, and for how
+    /// long, before they go back to the pool.
+    ///
+    /// A released session (unlocked, confirmed clean) is reused by the next acquisition
+    /// directly. That skips the health-check round trip sqlx makes on every connection returned
+    /// to its pool, and keeps a lock loop on the one connection it needs instead of making the
+    /// pool open more while that check is in flight. Kept sessions still count against the
+    /// pool's `max_connections`; after `ttl` unused they are returned. `max = 0` returns every
+    /// session at once. Default: 2 sessions, 250 ms.
+    pub fn idle_sessions(mut self, max: usize, ttl: Duration) -> Self {
+        self.idle_sessions = (max, ttl);
+        self
+    }
+
     /// Installs a hook awaited at every await point of lock operations (tests only).
     #[cfg(feature = "testing")]
     #[doc(hidden)]
@@ -221,11 +257,13 @@ impl PostgresLockManagerBuilder {
                 .probe_interval
                 .map(|interval| (interval, self.probe_grace)),
             monitor_running: AtomicBool::new(false),
+            idle: IdleSessions::new(self.idle_sessions.0, self.idle_sessions.1),
         };
         let options = Options {
             holder_id: self.holder_id,
             tracing: self.tracing,
             hook: self.hook,
+            handoff: self.handoff,
         };
         PostgresLockManager {
             core: Arc::new(Core::new(backend, options)),
@@ -258,6 +296,8 @@ impl fmt::Debug for PostgresLockManagerBuilder {
             .field("release_timeout", &self.release_timeout)
             .field("probe_interval", &self.probe_interval)
             .field("probe_grace", &self.probe_grace)
+            .field("handoff", &self.handoff)
+            .field("idle_sessions", &self.idle_sessions)
             .finish_non_exhaustive()
     }
 }

@@ -1,7 +1,99 @@
-//! A pooled connection pinned to one lock.
+//! A pooled connection pinned to one lock, and the few clean ones a manager keeps for reuse.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, Postgres};
+use tokio::time::Instant;
+
+/// Clean sessions released by the manager, kept for a short while instead of going straight
+/// back to the pool. sqlx checks every connection returned to its pool with a round trip on a
+/// spawned task; a lock loop that reuses the connection it just released skips that, and does
+/// not make the pool open new connections while the check is still in flight.
+pub(crate) struct IdleSessions {
+    idle: Mutex<Vec<(PoolConnection<Postgres>, Instant)>>,
+    max: usize,
+    ttl: Duration,
+    reaper_running: AtomicBool,
+}
+
+impl IdleSessions {
+    pub(crate) fn new(max: usize, ttl: Duration) -> Arc<Self> {
+        Arc::new(IdleSessions {
+            idle: Mutex::new(Vec::new()),
+            max,
+            ttl,
+            reaper_running: AtomicBool::new(false),
+        })
+    }
+
+    fn idle(&self) -> MutexGuard<'_, Vec<(PoolConnection<Postgres>, Instant)>> {
+        self.idle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The most recently released session, if one is kept.
+    pub(crate) fn take(&self) -> Option<PoolConnection<Postgres>> {
+        self.idle().pop().map(|(conn, _)| conn)
+    }
+
+    fn put(self: &Arc<Self>, conn: PoolConnection<Postgres>) {
+        if self.max == 0 {
+            return drop(conn);
+        }
+        {
+            let mut idle = self.idle();
+            if idle.len() >= self.max {
+                // Full: the oldest goes back to the pool.
+                let (oldest, _) = idle.remove(0);
+                drop(oldest);
+            }
+            idle.push((conn, Instant::now()));
+        }
+        if !self.reaper_running.swap(true, Ordering::SeqCst) {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn(reap(Arc::downgrade(self)))),
+                Err(_) => {
+                    self.reaper_running.store(false, Ordering::SeqCst);
+                    self.idle().clear();
+                }
+            }
+        }
+    }
+}
+
+/// Returns kept sessions to the pool once they have been idle for the time-to-live, and stops
+/// when none are left (a later `put` starts it again).
+async fn reap(idle: std::sync::Weak<IdleSessions>) {
+    loop {
+        let Some(ttl) = idle.upgrade().map(|idle| idle.ttl) else {
+            return;
+        };
+        tokio::time::sleep(ttl).await;
+        let Some(idle) = idle.upgrade() else { return };
+        let now = Instant::now();
+        let expired: Vec<_> = {
+            let mut kept = idle.idle();
+            let (expired, fresh) = kept
+                .drain(..)
+                .partition(|(_, since)| now.duration_since(*since) >= idle.ttl);
+            *kept = fresh;
+            expired
+        };
+        drop(expired);
+        if idle.idle().is_empty() {
+            idle.reaper_running.store(false, Ordering::SeqCst);
+            // A `put` racing with this either saw the flag still set (its session is swept on
+            // the next round, which it now starts) or starts a reaper of its own.
+            if idle.idle().is_empty() || idle.reaper_running.swap(true, Ordering::SeqCst) {
+                return;
+            }
+        }
+    }
+}
 
 /// A pooled connection that goes back to the pool only when it is known to be clean: no
 /// advisory lock held, no statement in flight, no session setting changed. In every other
@@ -9,15 +101,17 @@ use sqlx::{PgConnection, Postgres};
 /// it may hold.
 pub(crate) struct PgSession {
     conn: Option<PoolConnection<Postgres>>,
+    idle: Arc<IdleSessions>,
     clean: bool,
     /// The backend process id, once a lock statement has reported it.
     pub(crate) pid: i32,
 }
 
 impl PgSession {
-    pub(crate) fn new(conn: PoolConnection<Postgres>) -> Self {
+    pub(crate) fn new(conn: PoolConnection<Postgres>, idle: Arc<IdleSessions>) -> Self {
         PgSession {
             conn: Some(conn),
+            idle,
             clean: true,
             pid: 0,
         }
@@ -51,7 +145,7 @@ impl Drop for PgSession {
             return;
         };
         if self.clean {
-            return drop(conn);
+            return self.idle.put(conn);
         }
         if tokio::runtime::Handle::try_current().is_ok() {
             // Sends Terminate and closes on a task; sqlx keeps the pool's count right.

@@ -2,18 +2,23 @@
 //! held locks, guards, spans. A `Backend` supplies only "take the lock on the shared server" and
 //! "let it go", so the rules that make guards and cancellation safe are written once.
 
+mod slots;
+mod turn;
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
-use tokio::time::{Instant, timeout_at};
+use tokio::sync::Mutex;
+use tokio::time::Instant;
 use tracing::{Instrument, Span, field::Empty};
 
+pub(crate) use self::slots::Slots;
+use self::turn::{Handoff, Turn, TurnPermit};
 use crate::telemetry::{self, outcome, via};
 use crate::{
     Error, GuardBackend, LockGuard, LockInfo, LockMode, LossCause, LossSignal, Result, lock_id,
@@ -104,6 +109,24 @@ pub(crate) struct Options {
     pub(crate) holder_id: Option<String>,
     pub(crate) tracing: bool,
     pub(crate) hook: Option<Hook>,
+    pub(crate) handoff: Option<HandoffLimits>,
+}
+
+/// When a holder releases while another task of the same manager waits for the key, the lock
+/// goes straight to that task (its session never unlocks), at most `max_handoffs` times in a
+/// row and for at most `max_hold` since the server granted it; then it goes back to the server
+/// queue, so other processes waiting there get their turn.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HandoffLimits {
+    pub(crate) max_handoffs: u32,
+    pub(crate) max_hold: Duration,
+}
+
+impl HandoffLimits {
+    pub(crate) const DEFAULT: HandoffLimits = HandoffLimits {
+        max_handoffs: 16,
+        max_hold: Duration::from_millis(10),
+    };
 }
 
 pub(crate) struct Core<B: Backend> {
@@ -116,70 +139,40 @@ pub(crate) struct Core<B: Backend> {
     holder_id: Option<String>,
     tracing: bool,
     hook: Option<Hook>,
+    handoff: Option<HandoffLimits>,
 }
 
-struct State<S> {
+struct State<S: Send + 'static> {
     held: HashMap<String, Held<S>>,
-    /// One FIFO turn per key: whoever owns the permit is the manager's only
-    /// acquirer/holder of the key, so in-process contenders never open a second session that
-    /// would queue behind (or deadlock on) the first.
-    turns: Slots<String>,
+    /// One FIFO turn per key (see `turn.rs`).
+    turns: Slots<String, Turn<S>>,
 }
 
-/// A table of FIFO semaphores created on demand, one per name.
-///
-/// Entries are weak: a semaphore lives as long as someone holds or awaits it, and dead entries
-/// are swept whenever the table has doubled since the last sweep, so the table stays
-/// proportional to the names in use.
-#[derive(Debug)]
-pub(crate) struct Slots<K> {
-    slots: HashMap<K, Weak<Semaphore>>,
-    permits: usize,
-    sweep_at: usize,
-}
-
-impl<K: std::hash::Hash + Eq> Slots<K> {
-    /// Semaphores of `permits` permits each.
-    pub(crate) fn new(permits: usize) -> Self {
-        Slots {
-            slots: HashMap::new(),
-            permits,
-            sweep_at: 64,
-        }
-    }
-
-    pub(crate) fn get<Q>(&mut self, name: &Q) -> Arc<Semaphore>
-    where
-        K: std::borrow::Borrow<Q>,
-        Q: std::hash::Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        if let Some(slot) = self.slots.get(name).and_then(Weak::upgrade) {
-            return slot;
-        }
-        let slot = Arc::new(Semaphore::new(self.permits));
-        self.slots.insert(name.to_owned(), Arc::downgrade(&slot));
-        if self.slots.len() >= self.sweep_at {
-            self.slots.retain(|_, slot| slot.strong_count() > 0);
-            self.sweep_at = (self.slots.len() * 2).max(64);
-        }
-        slot
-    }
-}
-
-struct Held<S> {
+struct Held<S: Send + 'static> {
     generation: u64,
     lock_id: i64,
     mode: LockMode,
     signal: LossSignal,
     registered_at: Instant,
+    /// When the server granted the lock this session holds (earlier than `registered_at` after
+    /// a handoff) and how many handoffs it has been through.
+    since: Instant,
+    handoffs: u32,
     // Field order matters: the session (which may still hold the lock) goes before the turn,
     // so a local waiter never starts before the lock is at least being let go.
     session: S,
-    turn: OwnedSemaphorePermit,
+    turn: TurnPermit<S>,
 }
 
-impl<S> State<S> {
-    fn turn(&mut self, key: &str) -> Arc<Semaphore> {
+/// A granted session about to be registered, with its history.
+struct Granted<S: Send + 'static> {
+    session: S,
+    since: Instant,
+    handoffs: u32,
+}
+
+impl<S: Send + 'static> State<S> {
+    fn turn(&mut self, key: &str) -> Arc<Turn<S>> {
         self.turns.get(key)
     }
 
@@ -197,13 +190,14 @@ impl<B: Backend> Core<B> {
             backend,
             state: Mutex::new(State {
                 held: HashMap::new(),
-                turns: Slots::new(1),
+                turns: Slots::new(Turn::default),
             }),
             held: AtomicUsize::new(0),
             generations: AtomicU64::new(0),
             holder_id: options.holder_id,
             tracing: options.tracing,
             hook: options.hook,
+            handoff: options.handoff,
         }
     }
 
@@ -279,34 +273,45 @@ impl<B: Backend> Core<B> {
         let deadline = timeout.map(|t| started + t);
         self.checkpoint(Stage::Turn, key).await;
         let turn = self.state.lock().await.turn(key);
-        let permit = match timeout {
-            Some(t) if t.is_zero() => turn
-                .try_acquire_owned()
-                .map_err(|_| Error::timeout(key, t))?,
-            Some(t) => timeout_at(started + t, turn.acquire_owned())
+        let (permit, handoff) = match timeout {
+            Some(t) if t.is_zero() => {
+                (turn.try_take().ok_or_else(|| Error::timeout(key, t))?, None)
+            }
+            _ => turn
+                .take(mode, deadline)
                 .await
-                .map_err(|_| Error::timeout(key, t))?
-                .expect("turn semaphores are never closed"),
-            None => turn
-                .acquire_owned()
-                .await
-                .expect("turn semaphores are never closed"),
+                .ok_or_else(|| Error::timeout(key, timeout.unwrap_or_default()))?,
         };
-        self.checkpoint(Stage::Server, key).await;
-        let request = Request {
-            key,
-            lock_id,
-            mode,
-            timeout,
-            deadline,
+        let granted = match handoff {
+            // The previous local holder handed its session over: the lock never left us.
+            Some(handoff) => Granted {
+                session: handoff.session,
+                since: handoff.since,
+                handoffs: handoff.handoffs,
+            },
+            None => {
+                self.checkpoint(Stage::Server, key).await;
+                let request = Request {
+                    key,
+                    lock_id,
+                    mode,
+                    timeout,
+                    deadline,
+                };
+                Granted {
+                    session: self.backend.lock(&request).await?,
+                    since: Instant::now(),
+                    handoffs: 0,
+                }
+            }
         };
-        let session = self.backend.lock(&request).await?;
         self.checkpoint(Stage::Register, key).await;
         let info = self.info(key, lock_id, mode);
-        let (generation, signal) = self.register(key, lock_id, mode, session, permit).await;
+        let (generation, signal) = self.register(key, lock_id, mode, granted, permit).await;
         let guard = CoreGuard {
             core: Arc::clone(self),
             key: key.to_owned(),
+            lock_id,
             generation,
             signal,
             armed: true,
@@ -357,7 +362,7 @@ impl<B: Backend> Core<B> {
     ) -> Result<Option<LockInfo>> {
         self.checkpoint(Stage::Turn, key).await;
         let turn = self.state.lock().await.turn(key);
-        let Ok(permit) = turn.try_acquire_owned() else {
+        let Some(permit) = turn.try_take() else {
             return Ok(None);
         };
         self.checkpoint(Stage::Server, key).await;
@@ -371,17 +376,19 @@ impl<B: Backend> Core<B> {
         let Some(session) = self.backend.try_lock(&request).await? else {
             return Ok(None);
         };
+        let granted = Granted {
+            session,
+            since: Instant::now(),
+            handoffs: 0,
+        };
         self.checkpoint(Stage::Register, key).await;
         let info = self.info(key, lock_id, mode);
-        self.register(key, lock_id, mode, session, permit).await;
+        self.register(key, lock_id, mode, granted, permit).await;
         Ok(Some(info))
     }
 
     fn info(&self, key: &str, lock_id: i64, mode: LockMode) -> LockInfo {
-        let mut info = LockInfo::new(key, self.holder_id.clone()).with_mode(mode);
-        debug_assert_eq!(info.lock_id, lock_id);
-        info.lock_id = lock_id;
-        info
+        LockInfo::from_parts(key, lock_id, self.holder_id.clone(), mode)
     }
 
     async fn register(
@@ -389,8 +396,8 @@ impl<B: Backend> Core<B> {
         key: &str,
         lock_id: i64,
         mode: LockMode,
-        session: B::Session,
-        turn: OwnedSemaphorePermit,
+        granted: Granted<B::Session>,
+        turn: TurnPermit<B::Session>,
     ) -> (u64, LossSignal) {
         let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
         let signal = LossSignal::new();
@@ -400,7 +407,9 @@ impl<B: Backend> Core<B> {
             mode,
             signal: signal.clone(),
             registered_at: Instant::now(),
-            session,
+            since: granted.since,
+            handoffs: granted.handoffs,
+            session: granted.session,
             turn,
         };
         {
@@ -488,8 +497,11 @@ impl<B: Backend> Core<B> {
     }
 
     pub(crate) async fn release(&self, key: &str) -> Result<()> {
-        let (span, mut recorder) = self.release_span(key, lock_id(key), via::KEY);
+        let (span, mut recorder) = self.release_span(key, via::KEY);
         let Some(held) = self.forget(key).instrument(span.clone()).await else {
+            if self.tracing {
+                span.record(telemetry::LOCK_ID, lock_id(key));
+            }
             recorder.finish(outcome::NOT_HELD, false);
             return Err(Error::NotHeld {
                 key: key.to_owned(),
@@ -509,7 +521,7 @@ impl<B: Backend> Core<B> {
         // sessions close, which frees their locks on the server.
         let mut released = 0;
         for (key, held) in drained {
-            let (span, recorder) = self.release_span(&key, held.lock_id, via::RELEASE_ALL);
+            let (span, recorder) = self.release_span(&key, via::RELEASE_ALL);
             if self.unlock(&key, held, span, recorder).await.is_ok() {
                 released += 1;
             }
@@ -523,7 +535,7 @@ impl<B: Backend> Core<B> {
         generation: u64,
         how: &'static str,
     ) -> Result<bool> {
-        let (span, mut recorder) = self.release_span(key, lock_id(key), how);
+        let (span, mut recorder) = self.release_span(key, how);
         match self
             .forget_generation(key, generation)
             .instrument(span.clone())
@@ -531,18 +543,22 @@ impl<B: Backend> Core<B> {
         {
             Some(held) => self.unlock(key, held, span, recorder).await.map(|()| true),
             None => {
+                if self.tracing {
+                    span.record(telemetry::LOCK_ID, lock_id(key));
+                }
                 recorder.finish(outcome::ALREADY_RELEASED, false);
                 Ok(false)
             }
         }
     }
 
-    fn release_span(&self, key: &str, lock_id: i64, how: &'static str) -> (Span, Outcome) {
+    /// The release span; the lock id and mode are recorded once the entry is known.
+    fn release_span(&self, key: &str, how: &'static str) -> (Span, Outcome) {
         let span = if self.tracing {
             tracing::info_span!(
                 telemetry::RELEASE_SPAN,
                 { telemetry::KEY } = key,
-                { telemetry::LOCK_ID } = lock_id,
+                { telemetry::LOCK_ID } = Empty,
                 { telemetry::MODE } = Empty,
                 { telemetry::HOLDER_ID } = self.holder_id(),
                 { telemetry::RELEASE_VIA } = how,
@@ -556,7 +572,9 @@ impl<B: Backend> Core<B> {
         (span, recorder)
     }
 
-    /// Unlocks a lock the registry has already forgotten, then lets the next local waiter in.
+    /// Lets go of a lock the registry has already forgotten: hands it to the next local waiter
+    /// when the handoff limits allow, otherwise unlocks it on the server and then lets the next
+    /// local waiter in.
     async fn unlock(
         &self,
         key: &str,
@@ -569,15 +587,38 @@ impl<B: Backend> Core<B> {
             mode,
             session,
             turn,
+            since,
+            handoffs,
             ..
         } = held;
+        span.record(telemetry::LOCK_ID, lock_id);
         span.record(telemetry::MODE, mode.as_str());
-        let result = async {
-            self.checkpoint(Stage::Unlock, key).await;
-            self.backend.unlock(key, lock_id, mode, session).await
-        }
-        .instrument(span.clone())
-        .await;
+        self.checkpoint(Stage::Unlock, key).await;
+        let within_limits = self.handoff.is_some_and(|limits| {
+            handoffs < limits.max_handoffs && since.elapsed() < limits.max_hold
+        });
+        let (turn, session) = if within_limits {
+            let handoff = Handoff {
+                session,
+                mode,
+                since,
+                handoffs: handoffs + 1,
+            };
+            match turn.hand_over(handoff) {
+                Ok(()) => {
+                    recorder.finish(outcome::HANDED_OVER, false);
+                    return Ok(());
+                }
+                Err((turn, handoff)) => (turn, handoff.session),
+            }
+        } else {
+            (turn, session)
+        };
+        let result = self
+            .backend
+            .unlock(key, lock_id, mode, session)
+            .instrument(span.clone())
+            .await;
         drop(turn);
         match &result {
             Ok(()) => recorder.finish(outcome::RELEASED, false),
@@ -594,6 +635,7 @@ impl<B: Backend> Core<B> {
 struct CoreGuard<B: Backend> {
     core: Arc<Core<B>>,
     key: String,
+    lock_id: i64,
     generation: u64,
     signal: LossSignal,
     /// False once the acquisition was handed to `release` or `leak`.
@@ -613,9 +655,7 @@ impl<B: Backend> std::fmt::Debug for CoreGuard<B> {
 #[async_trait]
 impl<B: Backend> GuardBackend for CoreGuard<B> {
     async fn release(mut self: Box<Self>) -> Result<bool> {
-        let (span, mut recorder) =
-            self.core
-                .release_span(&self.key, lock_id(&self.key), via::GUARD);
+        let (span, mut recorder) = self.core.release_span(&self.key, via::GUARD);
         // Stay armed until the registry entry is out: if this future is dropped while waiting
         // for the registry, `Drop` still releases.
         let held = self
@@ -630,7 +670,10 @@ impl<B: Backend> GuardBackend for CoreGuard<B> {
                 .unlock(&self.key, held, span, recorder)
                 .await
                 .map(|()| true),
-            None => match self.signal.cause() {
+            None => match {
+                span.record(telemetry::LOCK_ID, self.lock_id);
+                self.signal.cause()
+            } {
                 Some(cause) => {
                     recorder.finish(outcome::LOST, true);
                     Err(Error::LockLost {
@@ -684,7 +727,7 @@ impl<B: Backend> Drop for CoreGuard<B> {
             Some(None) => {}
             Some(Some(held)) => {
                 runtime.spawn(async move {
-                    let (span, recorder) = core.release_span(&key, held.lock_id, via::DROP);
+                    let (span, recorder) = core.release_span(&key, via::DROP);
                     let _ = core.unlock(&key, held, span, recorder).await;
                 });
             }

@@ -1,0 +1,162 @@
+//! In-process handoff: a lock released while another task of the same manager waits goes
+//! straight to that task without an unlock and a new lock on the server, and a bound (count and
+//! time) sends it back to the server queue so other processes are not starved.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::{app_name, key, lock_rows, observer, pool_named};
+use pglock::{LockManager, PostgresLockManager, lock_id};
+use sqlx::PgPool;
+use tokio::sync::Barrier;
+use tokio::time::Instant;
+
+/// The backend holding `key`'s lock and when it last started a statement.
+async fn holder_statement(observer: &PgPool, key: &str) -> (i32, chrono::DateTime<chrono::Utc>) {
+    let rows = lock_rows(observer, lock_id(key)).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    sqlx::query_as("SELECT pid, query_start FROM pg_stat_activity WHERE pid = $1")
+        .bind(rows[0].pid)
+        .fetch_one(observer)
+        .await
+        .expect("pg_stat_activity")
+}
+
+/// Three tasks of one manager take the lock in turn, queued behind each other; each records
+/// which session held it on the server and when that session last sent a statement.
+async fn relay(
+    locks: &PostgresLockManager,
+    observer: &PgPool,
+    key: &str,
+) -> Vec<(i32, chrono::DateTime<chrono::Utc>)> {
+    let first = locks.acquire(key, None).await.expect("acquire");
+    let barrier = Arc::new(Barrier::new(3));
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let (locks, observer, key, barrier) = (
+            locks.clone(),
+            observer.clone(),
+            key.to_owned(),
+            barrier.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let guard = locks.acquire(&key, None).await.expect("acquire");
+            let seen = holder_statement(&observer, &key).await;
+            assert!(guard.release().await.expect("release"));
+            seen
+        }));
+    }
+    barrier.wait().await;
+    // Both tasks are queued behind the first holder before it lets go.
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    let mut seen = vec![holder_statement(observer, key).await];
+    assert!(first.release().await.expect("release"));
+    for task in tasks {
+        seen.push(task.await.expect("join"));
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_local_tasks_inherit_the_session_without_a_round_trip() {
+    let observer = observer().await;
+    // A generous time bound: the first holder waits for the others to queue before it lets go.
+    let locks = PostgresLockManager::builder(pool_named(4, &app_name("handoff")).await)
+        .handoff_limits(16, Duration::from_secs(10))
+        .build();
+    let key = key("handoff");
+    let seen = relay(&locks, &observer, &key).await;
+    // The same session held the lock for all three, and sent no statement in between: no
+    // unlock, no new lock.
+    assert!(seen.iter().all(|s| *s == seen[0]), "{seen:?}");
+    assert_eq!(locks.held_lock_count(), 0);
+    assert!(lock_rows(&observer, lock_id(&key)).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_handoff_every_task_goes_to_the_server() {
+    let observer = observer().await;
+    let locks = PostgresLockManager::builder(pool_named(4, &app_name("no-handoff")).await)
+        .handoff_limits(0, Duration::ZERO)
+        .build();
+    let key = key("no-handoff");
+    let seen = relay(&locks, &observer, &key).await;
+    // Each holder took the lock with a statement of its own.
+    assert_ne!(seen[0], seen[1], "{seen:?}");
+    assert_ne!(seen[1], seen[2], "{seen:?}");
+}
+
+/// Four tasks of manager A hammer one key; process B asks for it once. Returns how long B
+/// waited.
+async fn starvation(limits: (u32, Duration)) -> Duration {
+    let key = key("starvation");
+    let a = PostgresLockManager::builder(pool_named(4, &app_name("hammer")).await)
+        .handoff_limits(limits.0, limits.1)
+        .build();
+    let b = PostgresLockManager::new(pool_named(2, &app_name("starved")).await);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut hammers = Vec::new();
+    for _ in 0..4 {
+        let (a, key, stop) = (a.clone(), key.clone(), stop.clone());
+        hammers.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let guard = a.acquire(&key, None).await.expect("acquire");
+                tokio::task::yield_now().await;
+                assert!(guard.release().await.expect("release"));
+            }
+        }));
+    }
+    // Make sure A is running its relay before B arrives.
+    let warm = a.acquire(&key, None).await.expect("acquire");
+    assert!(warm.release().await.expect("release"));
+    let asked = Instant::now();
+    let guard = b
+        .acquire(&key, Some(Duration::from_secs(30)))
+        .await
+        .expect("B is served once A's relay reaches its bound");
+    let waited = asked.elapsed();
+    assert!(guard.release().await.expect("release"));
+    stop.store(true, Ordering::Relaxed);
+    for hammer in hammers {
+        hammer.await.expect("join");
+    }
+    waited
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_time_bound_limits_how_long_another_process_waits() {
+    let max_hold = Duration::from_millis(50);
+    let mut waits = Vec::new();
+    for _ in 0..5 {
+        waits.push(starvation((u32::MAX, max_hold)).await);
+    }
+    waits.sort();
+    println!("time bound {max_hold:?}: another process waited {waits:?}");
+    // The relay in progress ends within max_hold. If B arrives between its first try and its
+    // queued wait just as a relay ends, one more relay may start ahead of it: so at most two
+    // relays, plus round trips; far below an unbounded relay (the test's 30 s deadline).
+    assert!(
+        waits[waits.len() - 1] < 2 * max_hold + Duration::from_millis(250),
+        "waited {waits:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_count_bound_limits_how_long_another_process_waits() {
+    let mut waits = Vec::new();
+    for _ in 0..5 {
+        waits.push(starvation((4, Duration::from_secs(3600))).await);
+    }
+    waits.sort();
+    println!("count bound 4: another process waited {waits:?}");
+    assert!(
+        waits[waits.len() - 1] < Duration::from_millis(250),
+        "waited {waits:?}"
+    );
+}
