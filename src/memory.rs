@@ -3,7 +3,6 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use async_trait::async_trait;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::timeout_at;
 
@@ -229,7 +228,6 @@ pub(crate) struct MemoryBackend {
     server: InMemoryLockServer,
 }
 
-#[async_trait]
 impl Backend for MemoryBackend {
     type Session = OwnedSemaphorePermit;
 

@@ -37,26 +37,31 @@ pub(crate) struct Request<'a> {
 }
 
 /// What a manager needs from the shared lock server.
-#[async_trait]
+///
+/// Native `async fn`s (not `async_trait`): the trait is only used generically, so its futures
+/// are not boxed, which saves an allocation and a large copy per operation.
 pub(crate) trait Backend: Send + Sync + 'static {
     /// Whatever keeps a granted lock alive. Dropping it must free the lock (possibly later, in
     /// the background), and must never let a resource that may still hold it be reused.
     type Session: Send + 'static;
 
     /// Waits for the lock as `req` says.
-    async fn lock(&self, req: &Request<'_>) -> Result<Self::Session>;
+    fn lock(&self, req: &Request<'_>) -> impl Future<Output = Result<Self::Session>> + Send;
 
     /// One attempt; `None` when someone else holds the lock.
-    async fn try_lock(&self, req: &Request<'_>) -> Result<Option<Self::Session>>;
+    fn try_lock(
+        &self,
+        req: &Request<'_>,
+    ) -> impl Future<Output = Result<Option<Self::Session>>> + Send;
 
     /// Lets the lock go and confirms it.
-    async fn unlock(
+    fn unlock(
         &self,
         key: &str,
         lock_id: i64,
         mode: LockMode,
         session: Self::Session,
-    ) -> Result<()>;
+    ) -> impl Future<Output = Result<()>> + Send;
 
     /// The server-side process holding `session`'s lock, for loss detection.
     fn session_pid(_session: &Self::Session) -> Option<i32> {

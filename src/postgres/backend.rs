@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use sqlx::{AssertSqlSafe, PgPool, Row};
 use tokio::time::{Instant, timeout, timeout_at};
 
@@ -145,7 +144,6 @@ impl PgBackend {
     }
 }
 
-#[async_trait]
 impl Backend for PgBackend {
     type Session = PgSession;
 

@@ -115,7 +115,7 @@ impl PostgresLockManager {
             probe_interval: Some(Duration::from_secs(2)),
             probe_grace: Duration::from_secs(2),
             handoff: Some(HandoffLimits::DEFAULT),
-            idle_sessions: (2, Duration::from_millis(250)),
+            idle_sessions: (usize::MAX, Duration::from_millis(250)),
             hook: None,
         }
     }
@@ -232,7 +232,8 @@ impl PostgresLockManagerBuilder {
     /// to its pool, and keeps a lock loop on the one connection it needs instead of making the
     /// pool open more while that check is in flight. Kept sessions still count against the
     /// pool's `max_connections`; after `ttl` unused they are returned. `max = 0` returns every
-    /// session at once. Default: 2 sessions, 250 ms.
+    /// session at once. Default: no count limit, 250 ms: a burst of locks keeps its sessions
+    /// for a quarter of a second after it ends, then gives them all back.
     pub fn idle_sessions(mut self, max: usize, ttl: Duration) -> Self {
         self.idle_sessions = (max, ttl);
         self
