@@ -669,16 +669,9 @@ impl<B: Backend> GuardBackend for CoreGuard<B> {
             .instrument(span.clone())
             .await;
         self.armed = false;
-        match held {
-            Some(held) => self
-                .core
-                .unlock(&self.key, held, span, recorder)
-                .await
-                .map(|()| true),
-            None => match {
-                span.record(telemetry::LOCK_ID, self.lock_id);
-                self.signal.cause()
-            } {
+        let Some(held) = held else {
+            span.record(telemetry::LOCK_ID, self.lock_id);
+            return match self.signal.cause() {
                 Some(cause) => {
                     recorder.finish(outcome::LOST, true);
                     Err(Error::LockLost {
@@ -690,8 +683,12 @@ impl<B: Backend> GuardBackend for CoreGuard<B> {
                     recorder.finish(outcome::ALREADY_RELEASED, false);
                     Ok(false)
                 }
-            },
-        }
+            };
+        };
+        self.core
+            .unlock(&self.key, held, span, recorder)
+            .await
+            .map(|()| true)
     }
 
     fn leak(mut self: Box<Self>) {
