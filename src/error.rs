@@ -98,6 +98,15 @@ pub enum Error {
         source: Option<sqlx::Error>,
     },
 
+    /// A configured SQL identifier (such as a fencing table name) is not usable.
+    #[error("Invalid identifier {name:?}: {reason}")]
+    InvalidIdentifier {
+        /// The name as given.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+
     /// The lock was lost while it was held.
     ///
     /// Returned by the release of a lock that had been declared lost, and by
@@ -122,6 +131,7 @@ impl Error {
             | Error::Connection { key, .. }
             | Error::ReleaseFailed { key, .. }
             | Error::LockLost { key, .. } => Some(key),
+            Error::InvalidIdentifier { .. } => None,
         }
     }
 

@@ -66,6 +66,7 @@ mod core;
 mod error;
 mod ext;
 mod guard;
+mod identity;
 mod info;
 mod key;
 mod loss;
@@ -88,7 +89,7 @@ pub use crate::key::{
 pub use crate::loss::{LossCause, LossSignal};
 pub use crate::manager::LockManager;
 pub use crate::memory::{InMemoryLockManager, InMemoryLockManagerBuilder, InMemoryLockServer};
-pub use crate::postgres::{PostgresLockManager, PostgresLockManagerBuilder};
+pub use crate::postgres::{FencingTable, PostgresLockManager, PostgresLockManagerBuilder};
 
 // The README's Rust snippets are compiled as doc tests.
 #[cfg(doctest)]

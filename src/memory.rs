@@ -14,7 +14,8 @@ use crate::{Error, LockMode, LossCause, Result};
 /// It follows the same contract as [`PostgresLockManager`](crate::PostgresLockManager): the
 /// same key hashing, guards, deadlines (one immediate try for a zero timeout), registry,
 /// holder id, spans and errors, and it passes the same conformance suite. Waiters are served
-/// in FIFO order.
+/// in FIFO order. Every acquisition carries a [fencing token](crate::LockInfo::fencing_token),
+/// strictly increasing per key on its [`InMemoryLockServer`].
 ///
 /// It is **not** a distributed lock: nothing is shared across processes and nothing survives
 /// the process. Use it where your code takes an `Arc<dyn LockManager>` or a generic
@@ -44,7 +45,7 @@ pub struct InMemoryLockManager {
 }
 
 impl InMemoryLockManager {
-    /// A manager on a server of its own, with no holder id.
+    /// A manager on a server of its own, with a generated holder id.
     pub fn new() -> Self {
         Self::builder().build()
     }
@@ -121,7 +122,8 @@ pub struct InMemoryLockManagerBuilder {
 }
 
 impl InMemoryLockManagerBuilder {
-    /// The holder id stamped on every [`LockInfo`](crate::LockInfo). Default: none.
+    /// The holder id stamped on every [`LockInfo`](crate::LockInfo). Default:
+    /// `{host}:{pid}:{16 random hex digits}`, unique per process and per manager.
     pub fn holder_id(mut self, holder_id: impl Into<String>) -> Self {
         self.holder_id = Some(holder_id.into());
         self
@@ -153,7 +155,10 @@ impl InMemoryLockManagerBuilder {
             server: self.server.unwrap_or_default(),
         };
         let options = Options {
-            holder_id: self.holder_id,
+            holder_id: Some(
+                self.holder_id
+                    .unwrap_or_else(crate::identity::default_holder_id),
+            ),
             tracing: self.tracing,
             hook: self.hook,
             handoff: Some(crate::core::HandoffLimits::DEFAULT),
@@ -180,6 +185,8 @@ impl fmt::Debug for InMemoryLockManagerBuilder {
 #[derive(Clone)]
 pub struct InMemoryLockServer {
     locks: Arc<Mutex<Slots<i64, tokio::sync::Semaphore>>>,
+    /// The last fencing token minted per lock id; never reset, so tokens only grow.
+    fences: Arc<Mutex<std::collections::HashMap<i64, i64>>>,
 }
 
 impl InMemoryLockServer {
@@ -189,7 +196,15 @@ impl InMemoryLockServer {
             locks: Arc::new(Mutex::new(Slots::new(|| {
                 tokio::sync::Semaphore::new(SHARERS as usize)
             }))),
+            fences: Arc::default(),
         }
+    }
+
+    fn mint(&self, lock_id: i64) -> i64 {
+        let mut fences = self.fences.lock().unwrap_or_else(|p| p.into_inner());
+        let token = fences.entry(lock_id).or_insert(0);
+        *token += 1;
+        *token
     }
 
     fn slot(&self, lock_id: i64) -> Arc<tokio::sync::Semaphore> {
@@ -231,27 +246,39 @@ pub(crate) struct MemoryBackend {
 impl Backend for MemoryBackend {
     type Session = OwnedSemaphorePermit;
 
-    async fn lock(&self, req: &Request<'_>) -> Result<Self::Session> {
+    async fn lock(&self, req: &Request<'_>) -> Result<(Self::Session, Option<i64>)> {
         let slot = self.server.slot(req.lock_id);
         let n = permits(req.mode);
-        match (req.timeout, req.deadline) {
+        let permit = match (req.timeout, req.deadline) {
             (Some(timeout), _) if timeout.is_zero() => slot
                 .try_acquire_many_owned(n)
-                .map_err(|_| Error::timeout(req.key, timeout)),
+                .map_err(|_| Error::timeout(req.key, timeout))?,
             (Some(timeout), Some(deadline)) => timeout_at(deadline, slot.acquire_many_owned(n))
                 .await
-                .map_err(|_| Error::timeout(req.key, timeout))
-                .map(|permit| permit.expect("lock semaphores are never closed")),
-            _ => Ok(slot
+                .map_err(|_| Error::timeout(req.key, timeout))?
+                .expect("lock semaphores are never closed"),
+            _ => slot
                 .acquire_many_owned(n)
                 .await
-                .expect("lock semaphores are never closed")),
-        }
+                .expect("lock semaphores are never closed"),
+        };
+        Ok((permit, Some(self.server.mint(req.lock_id))))
     }
 
-    async fn try_lock(&self, req: &Request<'_>) -> Result<Option<Self::Session>> {
+    async fn try_lock(&self, req: &Request<'_>) -> Result<Option<(Self::Session, Option<i64>)>> {
         let slot = self.server.slot(req.lock_id);
-        Ok(slot.try_acquire_many_owned(permits(req.mode)).ok())
+        Ok(slot
+            .try_acquire_many_owned(permits(req.mode))
+            .ok()
+            .map(|permit| (permit, Some(self.server.mint(req.lock_id)))))
+    }
+
+    async fn refence(
+        &self,
+        req: &Request<'_>,
+        _session: &mut Self::Session,
+    ) -> Result<Option<i64>> {
+        Ok(Some(self.server.mint(req.lock_id)))
     }
 
     async fn unlock(

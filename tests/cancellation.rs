@@ -52,7 +52,7 @@ impl Pg {
 
     fn manager_parking_at(&self, stage: Stage) -> (PostgresLockManager, pglock::testing::Pause) {
         let (hook, pause) = pause_at(stage);
-        let manager = PostgresLockManager::builder(self.pool.clone())
+        let manager = common::manager_for(self.pool.clone(), &self.app)
             .stage_hook(hook)
             .build();
         (manager, pause)
@@ -143,7 +143,7 @@ async fn postgres_releases_cancelled_before_the_unlock_still_release() {
 async fn postgres_acquire_cancelled_while_waiting_on_the_server() {
     for timeout in [None, Some(EVENTUALLY)] {
         let pg = Pg::new("cancel-server-wait", 4).await;
-        let locks = PostgresLockManager::new(pg.pool.clone());
+        let locks = common::manager_for(pg.pool.clone(), &pg.app).build();
         let holder = PostgresLockManager::new(pool_named(2, &app_name("holder")).await);
         let key = key("cancel-server-wait");
         let guard = holder.acquire(&key, None).await.expect("acquire");
@@ -178,7 +178,7 @@ async fn postgres_acquire_cancelled_while_waiting_on_the_server() {
 #[tokio::test]
 async fn postgres_acquire_cancelled_while_waiting_for_a_pooled_connection() {
     let pg = Pg::new("cancel-checkout", 1).await;
-    let locks = PostgresLockManager::new(pg.pool.clone());
+    let locks = common::manager_for(pg.pool.clone(), &pg.app).build();
     let (pinning, starved) = (key("pins-the-pool"), key("starved"));
     let guard = locks.acquire(&pinning, None).await.expect("acquire");
     for timeout in [None, Some(EVENTUALLY)] {
@@ -197,7 +197,7 @@ async fn postgres_acquire_cancelled_while_waiting_for_a_pooled_connection() {
 #[tokio::test]
 async fn postgres_acquire_cancelled_while_queued_behind_its_own_manager() {
     let pg = Pg::new("cancel-turn-wait", 4).await;
-    let locks = PostgresLockManager::new(pg.pool.clone());
+    let locks = common::manager_for(pg.pool.clone(), &pg.app).build();
     let key = key("cancel-turn-wait");
     let guard = locks.acquire(&key, None).await.expect("acquire");
     for timeout in [None, Some(EVENTUALLY)] {
@@ -214,7 +214,7 @@ async fn postgres_acquire_cancelled_while_queued_behind_its_own_manager() {
 #[tokio::test]
 async fn postgres_cancellation_sweep() {
     let pg = Pg::new("cancel-sweep", 4).await;
-    let locks = PostgresLockManager::new(pg.pool.clone());
+    let locks = common::manager_for(pg.pool.clone(), &pg.app).build();
     let rival = PostgresLockManager::new(pool_named(2, &app_name("rival")).await);
     let keys: Vec<String> = (0..3).map(|n| key(&format!("sweep-{n}"))).collect();
     for round in 0u64..300 {
@@ -305,7 +305,7 @@ async fn a_pool_checkout_that_never_comes_is_bounded_by_the_deadline_and_leaves_
         .connect_with(common::options(&app))
         .await
         .expect("connect");
-    let locks = PostgresLockManager::new(pool);
+    let locks = common::manager_for(pool, &app).build();
     let pinning = key("pinning");
     let guard = locks.acquire(&pinning, None).await.expect("acquire");
     let err = locks

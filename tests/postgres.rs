@@ -184,7 +184,7 @@ async fn a_timed_out_wait_leaves_its_connection_clean_and_pooled() {
     let app = app_name("timeout-clean");
     let pool = pool_named(1, &app).await;
     // Keep no released session in the manager, so the connection goes straight to the pool.
-    let waiter = PostgresLockManager::builder(pool.clone())
+    let waiter = common::manager_for(pool.clone(), &app)
         .idle_sessions(0, Duration::ZERO)
         .build();
     let key = key("timeout-clean");
@@ -580,7 +580,7 @@ async fn released_sessions_are_reused_then_returned_to_the_pool() {
     let observer = observer().await;
     let app = app_name("idle-sessions");
     let pool = pool_named(1, &app).await;
-    let locks = PostgresLockManager::builder(pool.clone())
+    let locks = common::manager_for(pool.clone(), &app)
         .idle_sessions(1, Duration::from_millis(100))
         .build();
     let key = key("idle-sessions");

@@ -205,7 +205,7 @@ async fn nothing_leaks_through_a_storm_of_cancellations() {
             .connect_with(common::options(app))
             .await
             .expect("connect");
-        managers.push(PostgresLockManager::new(pool));
+        managers.push(common::manager_for(pool, app).build());
     }
     let keys: Arc<Vec<String>> = Arc::new((0..KEYS).map(|n| key(&format!("storm-{n}"))).collect());
     let cancellations = Arc::new(AtomicU64::new(0));

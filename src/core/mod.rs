@@ -45,14 +45,28 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// the background), and must never let a resource that may still hold it be reused.
     type Session: Send + 'static;
 
-    /// Waits for the lock as `req` says.
-    fn lock(&self, req: &Request<'_>) -> impl Future<Output = Result<Self::Session>> + Send;
+    /// Waits for the lock as `req` says. Returns the session and, when the backend mints them,
+    /// the acquisition's fencing token.
+    fn lock(
+        &self,
+        req: &Request<'_>,
+    ) -> impl Future<Output = Result<(Self::Session, Option<i64>)>> + Send;
 
     /// One attempt; `None` when someone else holds the lock.
     fn try_lock(
         &self,
         req: &Request<'_>,
-    ) -> impl Future<Output = Result<Option<Self::Session>>> + Send;
+    ) -> impl Future<Output = Result<Option<(Self::Session, Option<i64>)>>> + Send;
+
+    /// Mints the fencing token of an acquisition that inherited `session` from the previous
+    /// local holder (a handoff), so tokens keep increasing with every acquisition.
+    fn refence(
+        &self,
+        _req: &Request<'_>,
+        _session: &mut Self::Session,
+    ) -> impl Future<Output = Result<Option<i64>>> + Send {
+        async { Ok(None) }
+    }
 
     /// Lets the lock go and confirms it.
     fn unlock(
@@ -172,6 +186,7 @@ struct Held<S: Send + 'static> {
 /// A granted session about to be registered, with its history.
 struct Granted<S: Send + 'static> {
     session: S,
+    token: Option<i64>,
     since: Instant,
     handoffs: u32,
 }
@@ -287,31 +302,36 @@ impl<B: Backend> Core<B> {
                 .await
                 .ok_or_else(|| Error::timeout(key, timeout.unwrap_or_default()))?,
         };
+        let request = Request {
+            key,
+            lock_id,
+            mode,
+            timeout,
+            deadline,
+        };
         let granted = match handoff {
             // The previous local holder handed its session over: the lock never left us.
-            Some(handoff) => Granted {
+            Some(mut handoff) => Granted {
+                token: self.backend.refence(&request, &mut handoff.session).await?,
                 session: handoff.session,
                 since: handoff.since,
                 handoffs: handoff.handoffs,
             },
             None => {
                 self.checkpoint(Stage::Server, key).await;
-                let request = Request {
-                    key,
-                    lock_id,
-                    mode,
-                    timeout,
-                    deadline,
-                };
+                let (session, token) = self.backend.lock(&request).await?;
                 Granted {
-                    session: self.backend.lock(&request).await?,
+                    session,
+                    token,
                     since: Instant::now(),
                     handoffs: 0,
                 }
             }
         };
         self.checkpoint(Stage::Register, key).await;
-        let info = self.info(key, lock_id, mode);
+        let info = self
+            .info(key, lock_id, mode)
+            .with_fencing_token(granted.token);
         let (generation, signal) = self.register(key, lock_id, mode, granted, permit).await;
         let guard = CoreGuard {
             core: Arc::clone(self),
@@ -378,16 +398,17 @@ impl<B: Backend> Core<B> {
             timeout: Some(Duration::ZERO),
             deadline: None,
         };
-        let Some(session) = self.backend.try_lock(&request).await? else {
+        let Some((session, token)) = self.backend.try_lock(&request).await? else {
             return Ok(None);
         };
         let granted = Granted {
             session,
+            token,
             since: Instant::now(),
             handoffs: 0,
         };
         self.checkpoint(Stage::Register, key).await;
-        let info = self.info(key, lock_id, mode);
+        let info = self.info(key, lock_id, mode).with_fencing_token(token);
         self.register(key, lock_id, mode, granted, permit).await;
         Ok(Some(info))
     }

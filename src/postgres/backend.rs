@@ -7,6 +7,7 @@ use std::time::Duration;
 use sqlx::{AssertSqlSafe, PgPool, Row};
 use tokio::time::{Instant, timeout, timeout_at};
 
+use super::fencing::FencingTable;
 use super::session::{IdleSessions, PgSession};
 use crate::core::{Backend, Core, Request};
 use crate::{Error, LockMode, ReleaseFailure, Result};
@@ -24,12 +25,14 @@ use crate::{Error, LockMode, ReleaseFailure, Result};
 //   instead of waiting on until it is granted a lock nobody wants. The server arms that check
 //   when a statement starts, which is why it must be set by an earlier statement of the same
 //   message rather than inside the waiting statement itself.
+// * With fencing on, the token is minted by the same statement (a data-modifying CTE after the
+//   try) or the same message (an INSERT after the wait): no extra round trip.
+// * With session tagging on, the try also sets `application_name` (session-level, so waiters
+//   and holders show who they are in `pg_stat_activity`); the original value is restored before
+//   the connection goes back to the pool.
 //
-// The waiting statement is built from integers the crate computed (never from user text).
-const TRY_LOCK: &str = "SELECT pg_backend_pid(), pg_try_advisory_lock($1)";
-const TRY_LOCK_SHARED: &str = "SELECT pg_backend_pid(), pg_try_advisory_lock_shared($1)";
-const UNLOCK: &str = "SELECT pg_advisory_unlock($1)";
-const UNLOCK_SHARED: &str = "SELECT pg_advisory_unlock_shared($1)";
+// The waiting message is built from integers the crate computed and the fencing table's quoted
+// identifier, never from user text; the holder id only ever travels as a bound parameter.
 
 /// How often a waiting backend checks that its client is still there, in milliseconds.
 const CLIENT_CHECK_MS: u32 = 200;
@@ -37,29 +40,91 @@ const CLIENT_CHECK_MS: u32 = 200;
 /// SQLSTATE `lock_not_available`: `lock_timeout` expired while waiting, so nothing was granted.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 
-fn wait_statement(
-    lock_id: i64,
-    mode: LockMode,
-    timeout_ms: Option<u128>,
-    server_version: u32,
-) -> String {
-    let mut sql = String::with_capacity(160);
-    if server_version >= 140_000 {
+const UNLOCK: &str = "SELECT pg_advisory_unlock($1)";
+const UNLOCK_SHARED: &str = "SELECT pg_advisory_unlock_shared($1)";
+
+/// The statements of one manager, built once from its configuration.
+pub(crate) struct Statements {
+    // Shared, so binding a statement to a query does not copy its text.
+    try_exclusive: Arc<str>,
+    try_shared: Arc<str>,
+    /// Mints the next token of lock id `$1`, after a handoff.
+    mint: Option<Arc<str>>,
+    fencing: Option<FencingTable>,
+    /// The `application_name` of the manager's sessions while it uses them.
+    pub(crate) tag: Option<String>,
+}
+
+impl Statements {
+    pub(crate) fn new(fencing: Option<FencingTable>, tag: Option<String>) -> Self {
+        let try_statement = |function: &str| {
+            let set_tag = if tag.is_some() {
+                ", set_config('application_name', $2, false) AS tagged"
+            } else {
+                ""
+            };
+            // Columns: pid, the application_name before this statement, granted, token.
+            let probe = format!(
+                "SELECT pg_backend_pid() AS pid, current_setting('application_name') AS app, \
+                 {function}($1) AS granted{set_tag}"
+            );
+            match &fencing {
+                None => format!(
+                    "SELECT pg_backend_pid(), current_setting('application_name'), \
+                     {function}($1), NULL::int8{set_tag}"
+                ),
+                Some(table) => format!(
+                    "WITH l AS MATERIALIZED ({probe}), m AS ({}) \
+                     SELECT l.pid, l.app, l.granted, (SELECT token FROM m) FROM l",
+                    table.mint_if_granted("l")
+                ),
+            }
+        };
+        Statements {
+            try_exclusive: try_statement("pg_try_advisory_lock").into(),
+            try_shared: try_statement("pg_try_advisory_lock_shared").into(),
+            mint: fencing.as_ref().map(|table| table.mint("$1").into()),
+            fencing,
+            tag,
+        }
+    }
+
+    fn try_lock(&self, mode: LockMode) -> Arc<str> {
+        Arc::clone(match mode {
+            LockMode::Exclusive => &self.try_exclusive,
+            LockMode::Shared => &self.try_shared,
+        })
+    }
+
+    fn wait(
+        &self,
+        lock_id: i64,
+        mode: LockMode,
+        timeout_ms: Option<u128>,
+        server_version: u32,
+    ) -> String {
+        let mut sql = String::with_capacity(256);
+        if server_version >= 140_000 {
+            sql.push_str(&format!(
+                "SET LOCAL client_connection_check_interval = {CLIENT_CHECK_MS}; "
+            ));
+        }
+        if let Some(ms) = timeout_ms {
+            sql.push_str(&format!("SET LOCAL lock_timeout = {ms}; "));
+        }
+        let function = match mode {
+            LockMode::Exclusive => "pg_advisory_lock",
+            LockMode::Shared => "pg_advisory_lock_shared",
+        };
         sql.push_str(&format!(
-            "SET LOCAL client_connection_check_interval = {CLIENT_CHECK_MS}; "
+            "SELECT pg_backend_pid(), {function}({lock_id})::text"
         ));
+        if let Some(table) = &self.fencing {
+            sql.push_str("; ");
+            sql.push_str(&table.mint(&lock_id.to_string()));
+        }
+        sql
     }
-    if let Some(ms) = timeout_ms {
-        sql.push_str(&format!("SET LOCAL lock_timeout = {ms}; "));
-    }
-    let function = match mode {
-        LockMode::Exclusive => "pg_advisory_lock",
-        LockMode::Shared => "pg_advisory_lock_shared",
-    };
-    sql.push_str(&format!(
-        "SELECT pg_backend_pid(), {function}({lock_id})::text"
-    ));
-    sql
 }
 
 pub(crate) struct PgBackend {
@@ -73,14 +138,17 @@ pub(crate) struct PgBackend {
     pub(crate) monitor_running: AtomicBool,
     pub(crate) monitor_name: String,
     pub(crate) idle: Arc<IdleSessions>,
+    pub(crate) statements: Statements,
+    /// Set once the fencing table is known to exist.
+    pub(crate) fencing_ready: tokio::sync::OnceCell<()>,
 }
 
 impl PgBackend {
     /// Checks a connection out of the pool, within the request's deadline when it has a
     /// positive one, otherwise within the pool's own `acquire_timeout`.
     async fn checkout(&self, req: &Request<'_>) -> Result<PgSession> {
-        if let Some(conn) = self.idle.take() {
-            return Ok(PgSession::new(conn, Arc::clone(&self.idle)));
+        if let Some(session) = self.idle.take() {
+            return Ok(session);
         }
         let started = Instant::now();
         let deadline = req.deadline.filter(|_| req.timeout != Some(Duration::ZERO));
@@ -122,15 +190,84 @@ impl PgBackend {
 }
 
 impl PgBackend {
+    /// Creates the fencing table if fencing is on and it has not been done yet.
+    pub(crate) async fn ensure_fencing(&self, key: &str) -> Result<()> {
+        if self.statements.fencing.is_none() || self.fencing_ready.initialized() {
+            return Ok(());
+        }
+        let request = Request {
+            key,
+            lock_id: crate::lock_id(key),
+            mode: LockMode::Exclusive,
+            timeout: None,
+            deadline: None,
+        };
+        let mut session = self.checkout(&request).await?;
+        self.create_fencing_table(&mut session, &request).await
+    }
+
+    async fn create_fencing_table(&self, session: &mut PgSession, req: &Request<'_>) -> Result<()> {
+        let Some(table) = &self.statements.fencing else {
+            return Ok(());
+        };
+        self.fencing_ready
+            .get_or_try_init(|| async {
+                let created = sqlx::raw_sql(AssertSqlSafe(table.setup()))
+                    .execute(session.conn())
+                    .await;
+                created
+                    .map(|_| session.mark_clean())
+                    .map_err(|err| statement_error(req.key, req.timeout, err, session))
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// One try on `session`: `Some(token)` when granted (the token is `None` without fencing),
+    /// `None` when held elsewhere, in which case the session is clean again.
+    async fn try_on(
+        &self,
+        session: &mut PgSession,
+        req: &Request<'_>,
+    ) -> Result<Option<Option<i64>>> {
+        if !self.fencing_ready.initialized() {
+            self.create_fencing_table(session, req).await?;
+        }
+        let statement = self.statements.try_lock(req.mode);
+        let mut query =
+            sqlx::query_as::<_, (i32, String, bool, Option<i64>)>(AssertSqlSafe(statement))
+                .bind(req.lock_id);
+        if let Some(tag) = &self.statements.tag {
+            query = query.bind(tag);
+        }
+        let (pid, before, granted, token) = query
+            .fetch_one(session.conn())
+            .await
+            .map_err(|err| statement_error(req.key, req.timeout, err, session))?;
+        if self.statements.tag.is_some() {
+            session.remember_application_name(before);
+        }
+        if granted {
+            session.pid = pid;
+            Ok(Some(token))
+        } else {
+            session.mark_clean();
+            Ok(None)
+        }
+    }
+
     /// Checks out a session and makes one attempt on it. A pooled connection may have died
     /// while idle (a server restart, a terminated backend): an attempt that fails on the
     /// connection itself is retried on another, as long as the deadline allows, so callers
     /// see the server's answer rather than a stale socket.
-    async fn checkout_and_try(&self, req: &Request<'_>) -> Result<(PgSession, bool)> {
+    async fn checkout_and_try(
+        &self,
+        req: &Request<'_>,
+    ) -> Result<(PgSession, Option<Option<i64>>)> {
         let mut retries = self.pool.options().get_max_connections();
         loop {
             let mut session = self.checkout(req).await?;
-            match try_on(&mut session, req).await {
+            match self.try_on(&mut session, req).await {
                 Ok(granted) => return Ok((session, granted)),
                 Err(Error::Connection { .. })
                     if retries > 0 && req.deadline.is_none_or(|d| Instant::now() < d) =>
@@ -147,10 +284,10 @@ impl PgBackend {
 impl Backend for PgBackend {
     type Session = PgSession;
 
-    async fn lock(&self, req: &Request<'_>) -> Result<PgSession> {
+    async fn lock(&self, req: &Request<'_>) -> Result<(PgSession, Option<i64>)> {
         let (mut session, granted) = self.checkout_and_try(req).await?;
-        if granted {
-            return Ok(session);
+        if let Some(token) = granted {
+            return Ok((session, token));
         }
         // Held elsewhere. `session` is clean again: it goes back to the pool if we stop here.
         let timeout_ms = match (req.timeout, req.deadline) {
@@ -165,8 +302,10 @@ impl Backend for PgBackend {
             }
             (Some(timeout), _) => return Err(Error::timeout(req.key, timeout)),
         };
-        let sql = wait_statement(req.lock_id, req.mode, timeout_ms, session.server_version());
-        let waiting = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_one(session.conn());
+        let sql = self
+            .statements
+            .wait(req.lock_id, req.mode, timeout_ms, session.server_version());
+        let waiting = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(session.conn());
         let answer = match req.deadline {
             Some(deadline) => match timeout_at(deadline + self.answer_grace, waiting).await {
                 Ok(answer) => answer,
@@ -175,11 +314,27 @@ impl Backend for PgBackend {
             },
             None => waiting.await,
         };
-        match answer.and_then(|row| row.try_get::<i32, _>(0)) {
-            Ok(pid) => {
+        let fenced = self.statements.fencing.is_some();
+        let parsed = answer.and_then(|rows| {
+            let pid = rows
+                .first()
+                .map(|row| row.try_get::<i32, _>(0))
+                .transpose()?;
+            let token = match (fenced, rows.get(1)) {
+                (true, Some(row)) => Some(row.try_get::<i64, _>(0)?),
+                _ => None,
+            };
+            Ok((pid, token))
+        });
+        match parsed {
+            Ok((Some(pid), token)) if token.is_some() || !fenced => {
                 session.pid = pid;
-                Ok(session)
+                Ok((session, token))
             }
+            Ok(_) => Err(connection_error(
+                req.key,
+                sqlx::Error::Protocol("the lock statement returned no row".into()),
+            )),
             Err(err) if has_sqlstate(&err, LOCK_NOT_AVAILABLE) && req.timeout.is_some() => {
                 // Our lock_timeout fired while waiting: nothing was granted.
                 session.mark_clean();
@@ -189,9 +344,22 @@ impl Backend for PgBackend {
         }
     }
 
-    async fn try_lock(&self, req: &Request<'_>) -> Result<Option<PgSession>> {
+    async fn try_lock(&self, req: &Request<'_>) -> Result<Option<(PgSession, Option<i64>)>> {
         let (session, granted) = self.checkout_and_try(req).await?;
-        Ok(granted.then_some(session))
+        Ok(granted.map(|token| (session, token)))
+    }
+
+    async fn refence(&self, req: &Request<'_>, session: &mut PgSession) -> Result<Option<i64>> {
+        let Some(mint) = &self.statements.mint else {
+            return Ok(None);
+        };
+        let token = sqlx::query_scalar::<_, i64>(AssertSqlSafe(Arc::clone(mint)))
+            .bind(req.lock_id)
+            .fetch_one(session.conn())
+            .await
+            .map_err(|err| statement_error(req.key, req.timeout, err, session))?;
+        // The session still holds the lock: it stays dirty until unlocked.
+        Ok(Some(token))
     }
 
     async fn unlock(
@@ -234,25 +402,6 @@ impl Backend for PgBackend {
     }
 }
 
-/// One `pg_try_advisory_lock` on `session`. When it is refused, the session is clean again.
-async fn try_on(session: &mut PgSession, req: &Request<'_>) -> Result<bool> {
-    let statement = match req.mode {
-        LockMode::Exclusive => TRY_LOCK,
-        LockMode::Shared => TRY_LOCK_SHARED,
-    };
-    let (pid, granted): (i32, bool) = sqlx::query_as(statement)
-        .bind(req.lock_id)
-        .fetch_one(session.conn())
-        .await
-        .map_err(|err| statement_error(req.key, req.timeout, err, session))?;
-    if granted {
-        session.pid = pid;
-    } else {
-        session.mark_clean();
-    }
-    Ok(granted)
-}
-
 fn has_sqlstate(err: &sqlx::Error, code: &str) -> bool {
     err.as_database_error()
         .and_then(|db| db.code())
@@ -268,6 +417,15 @@ fn statement_error(
     session: &mut PgSession,
 ) -> Error {
     match err {
+        // The session was ended by the server (shutdown, termination) or its connection broke:
+        // a connection problem, which a fresh connection may not have.
+        sqlx::Error::Database(ref db)
+            if db
+                .code()
+                .is_some_and(|code| code.starts_with("57P") || code.starts_with("08")) =>
+        {
+            connection_error(key, err)
+        }
         sqlx::Error::Database(_) => {
             if has_sqlstate(&err, LOCK_NOT_AVAILABLE) {
                 session.mark_clean();

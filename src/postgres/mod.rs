@@ -1,6 +1,7 @@
 //! The PostgreSQL lock manager.
 
 mod backend;
+mod fencing;
 mod monitor;
 mod session;
 
@@ -11,7 +12,9 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use self::backend::PgBackend;
+pub use self::fencing::FencingTable;
+
+use self::backend::{PgBackend, Statements};
 use self::session::IdleSessions;
 use crate::core::{Core, HandoffLimits, Hook, Options, delegate_lock_manager};
 
@@ -112,6 +115,8 @@ impl PostgresLockManager {
             holder_id: None,
             tracing: true,
             release_timeout: Duration::from_secs(5),
+            fencing: None,
+            tag_prefix: Some("pglock:".to_owned()),
             probe_interval: Some(Duration::from_secs(2)),
             probe_grace: Duration::from_secs(2),
             handoff: Some(HandoffLimits::DEFAULT),
@@ -123,6 +128,25 @@ impl PostgresLockManager {
     /// The pool this manager checks its sessions out of.
     pub fn pool(&self) -> &PgPool {
         &self.core.backend.pool
+    }
+
+    /// Creates the fencing table now, if fencing is on and it does not exist yet, instead of on
+    /// the first acquisition. Does nothing when fencing is off.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Connection`](crate::Error::Connection) or
+    /// [`Error::AcquisitionFailed`](crate::Error::AcquisitionFailed) (with the server's reason,
+    /// such as a missing privilege) when the table cannot be created.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the creation is one transaction, and a connection dropped mid-way is closed.
+    pub async fn ensure_fencing_table(&self) -> crate::Result<()> {
+        self.core
+            .backend
+            .ensure_fencing("pglock:fencing-table-setup")
+            .await
     }
 }
 
@@ -144,6 +168,8 @@ pub struct PostgresLockManagerBuilder {
     holder_id: Option<String>,
     tracing: bool,
     release_timeout: Duration,
+    fencing: Option<FencingTable>,
+    tag_prefix: Option<String>,
     probe_interval: Option<Duration>,
     probe_grace: Duration,
     handoff: Option<HandoffLimits>,
@@ -152,11 +178,12 @@ pub struct PostgresLockManagerBuilder {
 }
 
 impl PostgresLockManagerBuilder {
-    /// A free-form id of this holder, stamped on every [`LockInfo`](crate::LockInfo) and span.
+    /// A free-form id of this holder, stamped on every [`LockInfo`](crate::LockInfo) and span,
+    /// and (see [`application_name_prefix`](Self::application_name_prefix)) on its sessions.
     ///
     /// Make it unique per process (a pod name, host plus pid): a constant shared by fifty
     /// replicas says nothing about who holds a lock. It is never interpolated into SQL.
-    /// Default: none.
+    /// Default: `{host}:{pid}:{16 random hex digits}`, unique per process and per manager.
     pub fn holder_id(mut self, holder_id: impl Into<String>) -> Self {
         self.holder_id = Some(holder_id.into());
         self
@@ -165,6 +192,29 @@ impl PostgresLockManagerBuilder {
     /// Whether to emit the [`telemetry`](crate::telemetry) spans. Default: on.
     pub fn tracing(mut self, enabled: bool) -> Self {
         self.tracing = enabled;
+        self
+    }
+
+    /// Mints a [fencing token](crate::LockInfo::fencing_token) for every acquisition, kept in
+    /// `table`.
+    ///
+    /// Tokens strictly increase per key across acquisitions, releases, handoffs and restarts
+    /// of the application or the server, and never repeat. Minting rides on the acquisition's
+    /// own statement (or message), so it adds no round trip; an in-process handoff mints with
+    /// one. The table is created on first use (see [`FencingTable`]). Default: off.
+    pub fn fencing(mut self, table: FencingTable) -> Self {
+        self.fencing = Some(table);
+        self
+    }
+
+    /// Tags the sessions this manager uses with `application_name = {prefix}{holder id}`
+    /// (printable ASCII, cut to PostgreSQL's 63 bytes), so `pg_stat_activity` and
+    /// [`inspect`](crate::inspect) show who holds and who waits for each lock. The tag is set
+    /// by the acquisition's own statement, and the original name is restored before the
+    /// connection goes back to the pool. `None` leaves the pool's name alone. Default:
+    /// `Some("pglock:")`.
+    pub fn application_name_prefix(mut self, prefix: Option<&str>) -> Self {
+        self.tag_prefix = prefix.map(str::to_owned);
         self
     }
 
@@ -249,7 +299,15 @@ impl PostgresLockManagerBuilder {
 
     /// Builds the manager. Nothing touches the database yet.
     pub fn build(self) -> PostgresLockManager {
+        let holder_id = self
+            .holder_id
+            .unwrap_or_else(crate::identity::default_holder_id);
+        let tag = self
+            .tag_prefix
+            .map(|prefix| crate::identity::application_name(&format!("{prefix}{holder_id}")));
         let backend = PgBackend {
+            statements: Statements::new(self.fencing, tag),
+            fencing_ready: tokio::sync::OnceCell::new(),
             monitor_name: monitor_name(&self.pool),
             pool: self.pool,
             release_timeout: self.release_timeout,
@@ -261,7 +319,7 @@ impl PostgresLockManagerBuilder {
             idle: IdleSessions::new(self.idle_sessions.0, self.idle_sessions.1),
         };
         let options = Options {
-            holder_id: self.holder_id,
+            holder_id: Some(holder_id),
             tracing: self.tracing,
             hook: self.hook,
             handoff: self.handoff,

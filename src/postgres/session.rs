@@ -13,10 +13,17 @@ use tokio::time::Instant;
 /// spawned task; a lock loop that reuses the connection it just released skips that, and does
 /// not make the pool open new connections while the check is still in flight.
 pub(crate) struct IdleSessions {
-    idle: Mutex<Vec<(PoolConnection<Postgres>, Instant)>>,
+    idle: Mutex<Vec<Idle>>,
     max: usize,
     ttl: Duration,
     reaper_running: AtomicBool,
+}
+
+/// A kept session, with the `application_name` to restore before it goes back to the pool.
+struct Idle {
+    conn: PoolConnection<Postgres>,
+    since: Instant,
+    original_name: Option<String>,
 }
 
 impl IdleSessions {
@@ -29,39 +36,83 @@ impl IdleSessions {
         })
     }
 
-    fn idle(&self) -> MutexGuard<'_, Vec<(PoolConnection<Postgres>, Instant)>> {
+    fn idle(&self) -> MutexGuard<'_, Vec<Idle>> {
         self.idle
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The most recently released session, if one is kept.
-    pub(crate) fn take(&self) -> Option<PoolConnection<Postgres>> {
-        self.idle().pop().map(|(conn, _)| conn)
+    pub(crate) fn take(self: &Arc<Self>) -> Option<PgSession> {
+        self.idle().pop().map(|idle| PgSession {
+            conn: Some(idle.conn),
+            idle: Arc::clone(self),
+            clean: true,
+            pid: 0,
+            original_name: idle.original_name,
+        })
     }
 
-    fn put(self: &Arc<Self>, conn: PoolConnection<Postgres>) {
+    fn put(self: &Arc<Self>, conn: PoolConnection<Postgres>, original_name: Option<String>) {
+        let idle = Idle {
+            conn,
+            since: Instant::now(),
+            original_name,
+        };
         if self.max == 0 {
-            return drop(conn);
+            return return_to_pool(idle);
         }
         {
-            let mut idle = self.idle();
-            if idle.len() >= self.max {
+            let mut kept = self.idle();
+            if kept.len() >= self.max {
                 // Full: the oldest goes back to the pool.
-                let (oldest, _) = idle.remove(0);
-                drop(oldest);
+                return_to_pool(kept.remove(0));
             }
-            idle.push((conn, Instant::now()));
+            kept.push(idle);
         }
         if !self.reaper_running.swap(true, Ordering::SeqCst) {
             match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => drop(runtime.spawn(reap(Arc::downgrade(self)))),
                 Err(_) => {
                     self.reaper_running.store(false, Ordering::SeqCst);
-                    self.idle().clear();
+                    let kept: Vec<Idle> = self.idle().drain(..).collect();
+                    kept.into_iter().for_each(return_to_pool);
                 }
             }
         }
+    }
+}
+
+/// Gives a clean session back to the pool, first restoring the `application_name` the manager
+/// changed. That takes a round trip, so it happens on a task of its own; without a runtime (or
+/// if the restore fails) the connection is closed instead, never pooled with our name on it.
+fn return_to_pool(idle: Idle) {
+    let Idle {
+        mut conn,
+        original_name,
+        ..
+    } = idle;
+    let Some(name) = original_name else {
+        return drop(conn);
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn(async move {
+            let restored = sqlx::query("SELECT set_config('application_name', $1, false)")
+                .bind(name)
+                .execute(&mut *conn)
+                .await;
+            if restored.is_err() {
+                conn.close_on_drop();
+            }
+        })),
+        Err(_) => drop(conn.leak()),
+    }
+}
+
+impl Drop for IdleSessions {
+    fn drop(&mut self) {
+        let kept: Vec<Idle> = self.idle().drain(..).collect();
+        kept.into_iter().for_each(return_to_pool);
     }
 }
 
@@ -75,15 +126,15 @@ async fn reap(idle: std::sync::Weak<IdleSessions>) {
         tokio::time::sleep(ttl).await;
         let Some(idle) = idle.upgrade() else { return };
         let now = Instant::now();
-        let expired: Vec<_> = {
+        let expired: Vec<Idle> = {
             let mut kept = idle.idle();
             let (expired, fresh) = kept
                 .drain(..)
-                .partition(|(_, since)| now.duration_since(*since) >= idle.ttl);
+                .partition(|kept| now.duration_since(kept.since) >= idle.ttl);
             *kept = fresh;
             expired
         };
-        drop(expired);
+        expired.into_iter().for_each(return_to_pool);
         if idle.idle().is_empty() {
             idle.reaper_running.store(false, Ordering::SeqCst);
             // A `put` racing with this either saw the flag still set (its session is swept on
@@ -105,6 +156,8 @@ pub(crate) struct PgSession {
     clean: bool,
     /// The backend process id, once a lock statement has reported it.
     pub(crate) pid: i32,
+    /// The connection's `application_name` before the manager tagged it, if it did.
+    original_name: Option<String>,
 }
 
 impl PgSession {
@@ -114,7 +167,14 @@ impl PgSession {
             idle,
             clean: true,
             pid: 0,
+            original_name: None,
         }
+    }
+
+    /// Records the `application_name` the connection had before the manager's first tag, so
+    /// it can be restored when the connection goes back to the pool.
+    pub(crate) fn remember_application_name(&mut self, before: String) {
+        self.original_name.get_or_insert(before);
     }
 
     /// The connection, for one statement. The session counts as dirty from here until
@@ -145,7 +205,7 @@ impl Drop for PgSession {
             return;
         };
         if self.clean {
-            return self.idle.put(conn);
+            return self.idle.put(conn, self.original_name.take());
         }
         if tokio::runtime::Handle::try_current().is_ok() {
             // Sends Terminate and closes on a task; sqlx keeps the pool's count right.

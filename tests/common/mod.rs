@@ -49,6 +49,12 @@ pub fn key(label: &str) -> String {
     format!("pglock-test:{label}:{}", uuid::Uuid::new_v4())
 }
 
+/// A manager on `pool` whose holder id is the pool's `application_name`, so the sessions it
+/// tags (`pglock:{app}`) can be attributed to the pool.
+pub fn manager_for(pool: PgPool, app: &str) -> pglock::PostgresLockManagerBuilder {
+    pglock::PostgresLockManager::builder(pool).holder_id(app)
+}
+
 /// A pool for looking at the server's views from outside the code under test.
 pub async fn observer() -> PgPool {
     pool_named(2, "pglock-observer").await
@@ -98,12 +104,15 @@ impl LockRow {
     }
 }
 
-/// The advisory locks held or awaited by sessions whose `application_name` is `app`.
+/// The advisory locks held or awaited by sessions of the pool tagged `app`: its idle
+/// connections carry `app`, and those a manager with holder id `app` is using carry
+/// `pglock:{app}` (see `manager_for`).
 pub async fn advisory_locks_of(observer: &PgPool, app: &str) -> Vec<LockRow> {
     sqlx::query_as(
         "SELECT l.pid, l.classid::bigint AS classid, l.objid::bigint AS objid, l.objsubid, \
          l.mode, l.granted FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
-         WHERE l.locktype = 'advisory' AND a.application_name = $1",
+         WHERE l.locktype = 'advisory' \
+         AND a.application_name IN ($1, left('pglock:' || $1, 63))",
     )
     .bind(app)
     .fetch_all(observer)
@@ -126,12 +135,13 @@ pub struct SessionRow {
     pub has_xmin: bool,
 }
 
-/// The sessions whose `application_name` is `app`.
+/// The sessions of the pool tagged `app` (see `advisory_locks_of`).
 pub async fn sessions_of(observer: &PgPool, app: &str) -> Vec<SessionRow> {
     sqlx::query_as(
         "SELECT pid, state, wait_event_type, wait_event, query, query_start, \
          backend_xmin IS NOT NULL AS has_xmin \
-         FROM pg_stat_activity WHERE application_name = $1 ORDER BY pid",
+         FROM pg_stat_activity WHERE application_name IN ($1, left('pglock:' || $1, 63)) \
+         ORDER BY pid",
     )
     .bind(app)
     .fetch_all(observer)

@@ -2,6 +2,7 @@
 //! closing anything: a network blackhole, as a partition looks to both ends.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use sqlx::postgres::PgConnectOptions;
@@ -12,6 +13,8 @@ use tokio::task::JoinHandle;
 
 pub struct Proxy {
     addr: SocketAddr,
+    /// Writes forwarded from clients to the server: one per round trip a client starts.
+    sent: Arc<AtomicU64>,
     blackholed: watch::Sender<bool>,
     tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
     accept: JoinHandle<()>,
@@ -28,8 +31,9 @@ impl Proxy {
         let addr = listener.local_addr().expect("proxy address");
         let (blackholed, _) = watch::channel(false);
         let tasks: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let sent = Arc::new(AtomicU64::new(0));
         let accept = tokio::spawn({
-            let (blackholed, tasks) = (blackholed.clone(), tasks.clone());
+            let (blackholed, tasks, sent) = (blackholed.clone(), tasks.clone(), sent.clone());
             async move {
                 while let Ok((client, _)) = listener.accept().await {
                     let Ok(server) = TcpStream::connect(&target).await else {
@@ -42,17 +46,20 @@ impl Proxy {
                         client_read,
                         server_write,
                         blackholed.subscribe(),
+                        Some(sent.clone()),
                     )));
                     tasks.push(tokio::spawn(pump(
                         server_read,
                         client_write,
                         blackholed.subscribe(),
+                        None,
                     )));
                 }
             }
         });
         Proxy {
             addr,
+            sent,
             blackholed,
             tasks,
             accept,
@@ -64,6 +71,13 @@ impl Proxy {
         super::options(app)
             .host(&self.addr.ip().to_string())
             .port(self.addr.port())
+    }
+
+    /// How many reads the proxy has forwarded from clients to the server so far. A client
+    /// sends each round trip's messages in one write, so on a quiet loopback this counts round
+    /// trips (a large message could be split, so compare counts, not bytes).
+    pub fn client_writes(&self) -> u64 {
+        self.sent.load(Ordering::SeqCst)
     }
 
     /// Stops forwarding in both directions; sockets stay open and data waits in the proxy.
@@ -95,6 +109,7 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut blackholed: watch::Receiver<bool>,
+    counter: Option<Arc<AtomicU64>>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -114,6 +129,9 @@ async fn pump(
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;
+        }
+        if let Some(counter) = &counter {
+            counter.fetch_add(1, Ordering::SeqCst);
         }
     }
 }
