@@ -282,8 +282,9 @@ impl MigrationCoordinator {
     /// Copies the tenant's existing events to the target, then switches it to dual writes.
     ///
     /// A `pending` migration moves to `bulk_copy` (routing `bulk_copy`: writes still go to the
-    /// source only). Batches are copied from the migration's last recorded position until the
-    /// copier reports nothing left, each batch's progress recorded as it completes. Then, holding
+    /// source only). Batches are copied from the migration's last recorded position, each
+    /// batch's progress recorded as it completes, until a batch comes back smaller than asked
+    /// for (the copier reached the end of what was there). Then, holding
     /// the tenant's [write gate](WriteGate) exclusively, so that no write is in flight, it copies
     /// what writers appended meanwhile and moves phase and routing to `dual_write` in one
     /// transition. Every event is thus either copied or dual-written, never both, never neither.
@@ -352,7 +353,11 @@ impl MigrationCoordinator {
                 });
             }
         }
-        migration = self.copy_until_caught_up(copier, migration).await?;
+        // Writers keep appending meanwhile, so "nothing left" may never come: stop at the first
+        // short batch, and copy the rest with the writers held back.
+        migration = self
+            .copy_batches(copier, migration, CopyUntil::ShortBatch)
+            .await?;
         if migration.is_paused {
             return Ok(migration);
         }
@@ -375,7 +380,9 @@ impl MigrationCoordinator {
             }
         };
         // No write is in flight now: copy the last appends, then switch.
-        let caught_up = self.copy_until_caught_up(copier, migration).await?;
+        let caught_up = self
+            .copy_batches(copier, migration, CopyUntil::Empty)
+            .await?;
         let routing = RoutingChange::new(
             RoutingState::BulkCopy,
             RoutingState::DualWrite,
@@ -396,11 +403,12 @@ impl MigrationCoordinator {
         switched
     }
 
-    /// Copies batches until the copier reports nothing left or the migration is paused.
-    async fn copy_until_caught_up(
+    /// Copies batches until `until` or the migration is paused.
+    async fn copy_batches(
         &self,
         copier: &dyn EventCopier,
         mut migration: Migration,
+        until: CopyUntil,
     ) -> Result<Migration> {
         while !migration.is_paused {
             let request = CopyRequest {
@@ -411,6 +419,7 @@ impl MigrationCoordinator {
                 after_position: migration.last_source_position,
                 batch_size: migration.config.batch_size,
             };
+            let request_size = request.batch_size;
             let batch =
                 copier
                     .copy_batch(&request)
@@ -428,6 +437,9 @@ impl MigrationCoordinator {
                 .store
                 .record_progress(migration.id, batch.copied, position, None)
                 .await?;
+            if until == CopyUntil::ShortBatch && batch.copied < u64::from(request_size) {
+                break;
+            }
         }
         Ok(migration)
     }
@@ -546,6 +558,15 @@ impl MigrationCoordinator {
                 .build(),
         )
     }
+}
+
+/// When a run of copy batches stops (besides a pause).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CopyUntil {
+    /// A batch smaller than asked for: the copier reached what was there when it started.
+    ShortBatch,
+    /// A batch that copied nothing.
+    Empty,
 }
 
 impl fmt::Debug for MigrationCoordinator {
