@@ -13,11 +13,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::migration::{Harness, SOURCE, TARGET, TestLag, TestStores};
 use common::{eventually, lock_rows, observer, pool_named};
+use pglock::PostgresLockManager;
 use pglock::migration::{
     AuditEvent, BoxError, CutoverFailure, CutoverManager, MigrationConfig, MigrationPhase,
     PostgresMigrationStore, RoutingState, SyncLag, WriteGate,
 };
-use pglock::PostgresLockManager;
 use uuid::Uuid;
 
 const CHILD_ENV: &str = "PGLOCK_TEST_CUTOVER_CHILD";

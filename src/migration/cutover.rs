@@ -306,7 +306,9 @@ impl CutoverManager {
             .execute(migration_id, lag, options, started, &span)
             .instrument(span.clone())
             .await;
-        span.record(telemetry::EVENTS_SYNCED, result.events_synced);
+        // As an i64: exporters such as tracing-opentelemetry turn a u64 into a string.
+        let events_synced = i64::try_from(result.events_synced).unwrap_or(i64::MAX);
+        span.record(telemetry::EVENTS_SYNCED, events_synced);
         span.record(telemetry::ROLLED_BACK, result.rolled_back);
         span.record(telemetry::DURATION_MS, result.duration_ms);
         match result.failure {
