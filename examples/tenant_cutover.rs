@@ -168,7 +168,8 @@ async fn main() -> BoxResult<()> {
     let events: Vec<&str> = log.iter().map(|entry| entry.event.as_str()).collect();
     println!("[audit]     {}", events.join(" -> "));
 
-    let verdict = verify(&stores, &tenants, moving, &acked.lock().unwrap()).await;
+    let acked = acked.lock().unwrap().clone();
+    let verdict = verify(&stores, &tenants, moving, &acked).await;
     stores.drop_all().await?;
     verdict?;
     println!("OK: no event was lost, duplicated or misrouted");

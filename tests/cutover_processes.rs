@@ -79,13 +79,16 @@ fn spawn_child(test_name: &str, schema: &str, migration: Uuid) -> (Child, BufRea
     let mut line = String::new();
     loop {
         line.clear();
-        let read = stdout.read_line(&mut line).expect("read the child");
-        assert!(read > 0, "the child exited before it entered the cutover");
+        if stdout.read_line(&mut line).expect("read the child") == 0 {
+            let status = child.wait();
+            panic!("the child exited before it entered the cutover: {status:?}");
+        }
         // The test harness may have printed "test name ... " on the same line.
         if line.trim_end().ends_with("IN_CUTOVER") {
-            return (child, stdout);
+            break;
         }
     }
+    (child, stdout)
 }
 
 #[tokio::test]

@@ -121,10 +121,7 @@ async fn a_tenant_has_at_most_one_active_migration(backend: Backend) {
         .await
         .unwrap();
     let again = h.store.create_migration(&second).await.unwrap();
-    assert_eq!(
-        h.store.list_active_migrations().await.unwrap(),
-        [again.clone()]
-    );
+    assert_eq!(h.store.list_active_migrations().await.unwrap(), [again]);
 }
 
 async fn phase_changes_are_compare_and_set_with_typed_errors(backend: Backend) {
@@ -615,7 +612,7 @@ async fn postgres_schema_names_are_quoted_identifiers() {
             .fetch_all(&pool)
             .await
             .unwrap();
-    assert_eq!(schemas, [odd.clone()], "the schema was created verbatim");
+    assert_eq!(schemas, [odd.as_str()], "the schema was created verbatim");
     assert_eq!(store.schema(), Some(odd.as_str()));
     assert_eq!(
         pglock::migration::MigrationRepository::get_migration(&store, created.id)
