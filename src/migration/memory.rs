@@ -13,6 +13,7 @@ use super::model::{
 };
 use super::store::{
     AuditLog, MigrationRepository, MigrationStore, RoutingChange, RoutingRepository, Transition,
+    check_routable,
 };
 use crate::{Error, Result};
 
@@ -428,23 +429,4 @@ fn new_routing(tenant_id: Uuid, store_id: &str) -> TenantRouting {
         fence: 0,
         updated_at: Utc::now(),
     }
-}
-
-/// Whether a tenant routed as `current` can start `new`.
-pub(super) fn check_routable(current: &TenantRouting, new: &NewMigration) -> Result<()> {
-    if !matches!(current.state, RoutingState::Normal | RoutingState::Migrated) {
-        return Err(Error::RoutingStateChanged {
-            tenant_id: new.tenant_id,
-            expected: RoutingState::Normal,
-            actual: current.state,
-        });
-    }
-    if current.store_id != new.source_store_id {
-        return Err(Error::StoreMismatch {
-            tenant_id: new.tenant_id,
-            expected: new.source_store_id.clone(),
-            actual: current.store_id.clone(),
-        });
-    }
-    Ok(())
 }

@@ -46,6 +46,29 @@
 //!
 //! [`InMemoryMigrationStore`] and [`InMemoryLockManager`](crate::InMemoryLockManager) run the
 //! whole workflow in memory, with the same rules; see the example on [`MigrationCoordinator`].
+//!
+//! # Design notes
+//!
+//! * **The write pause is a lock, not a flag.** The original paused writes with a flag in the
+//!   cutover's own process. Here writers hold the tenant's gate in shared mode for each write
+//!   transaction and the cutover takes it exclusively, so PostgreSQL's lock queue drains the
+//!   writes in flight and holds back new ones in every process, and a crashed cutover cannot
+//!   leave writes paused: its session, and with it the gate, dies with it.
+//! * **Decide under the lock, write before releasing it.** The cutover reads the migration and
+//!   the routing only once it holds the cutover lock, and writes its completion or rollback
+//!   before it lets go. The coordinator writes nothing about a cutover outside the lock, so a
+//!   cutover that could not take the lock leaves no trace (the original moved the phase to
+//!   `cutover` and back and counted an error).
+//! * **Every change is compare-and-set, and a cutover attempt has an id.** Entering `cutover`
+//!   stamps the attempt's id on the migration; completion and rollback require it. An attempt
+//!   that lost the race, or its lock, can neither finish nor undo another attempt's cutover.
+//! * **Nothing is left in `cutover`.** A dropped cutover rolls back from its drop guard, on a
+//!   spawned task that keeps the lock and the gate until the rollback is written. A crashed one
+//!   is rolled back by the next cutover of the tenant, which finds it under the lock.
+//! * **Fencing.** The routing row keeps the newest fencing token that wrote it (`fence`) and
+//!   refuses older ones; a token equal to the fence is the same acquisition writing again.
+//! * **Every event is copied or dual-written, never both, never neither.** The bulk copy's last
+//!   batches and the switch to dual writes happen under the write gate.
 
 mod coordinator;
 mod cutover;

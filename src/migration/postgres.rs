@@ -14,6 +14,7 @@ use super::model::{
 };
 use super::store::{
     AuditLog, MigrationRepository, MigrationStore, RoutingChange, RoutingRepository, Transition,
+    check_routable,
 };
 use crate::{Error, Result, lock_id};
 
@@ -727,7 +728,7 @@ impl MigrationStore for PostgresMigrationStore {
             .fetch_one(&mut *tx)
             .await
             .map_err(failed)?;
-        super::memory::check_routable(&routing_from_row(&current)?, new)?;
+        check_routable(&routing_from_row(&current)?, new)?;
         sqlx::query(self.tables.sql(
             "UPDATE {routing} SET migration_state = 'normal', target_store_id = $2, \
              active_migration_id = $3, updated_at = clock_timestamp() WHERE tenant_id = $1",
