@@ -138,6 +138,10 @@ impl MigrationCoordinator {
     /// * [`Error::ActiveMigrationExists`] when the tenant already has an active migration.
     /// * [`Error::RoutingStateChanged`] when the tenant's routing is mid-migration.
     /// * [`Error::MigrationStorage`] when the store fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the change is one all-or-nothing write, made or not.
     pub async fn start_migration(
         &self,
         tenant_id: Uuid,
@@ -209,6 +213,10 @@ impl MigrationCoordinator {
     ///
     /// [`Error::MigrationNotFound`]; [`Error::WrongPhase`] for a finished migration;
     /// [`Error::MigrationStorage`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the change is one all-or-nothing write, made or not.
     pub async fn pause_migration(&self, id: Uuid, reason: Option<&str>) -> Result<Migration> {
         self.store.set_paused(id, true, reason).await
     }
@@ -219,6 +227,10 @@ impl MigrationCoordinator {
     /// # Errors
     ///
     /// As for [`pause_migration`](Self::pause_migration).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the change is one all-or-nothing write, made or not.
     pub async fn resume_migration(&self, id: Uuid) -> Result<Migration> {
         self.store.set_paused(id, false, None).await
     }
@@ -231,6 +243,10 @@ impl MigrationCoordinator {
     /// [`Error::MigrationNotFound`]; [`Error::WrongPhase`] for a finished migration;
     /// [`Error::PhaseChanged`] or [`Error::RoutingStateChanged`] when the migration moved
     /// meanwhile (read the status and try again); [`Error::MigrationStorage`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the change is one all-or-nothing write, made or not.
     pub async fn abort_migration(&self, id: Uuid, reason: &str) -> Result<Migration> {
         self.stop(id, MigrationPhase::Aborted, reason).await
     }
@@ -241,6 +257,10 @@ impl MigrationCoordinator {
     /// # Errors
     ///
     /// As for [`abort_migration`](Self::abort_migration).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the change is one all-or-nothing write, made or not.
     pub async fn fail_migration(&self, id: Uuid, reason: &str) -> Result<Migration> {
         self.stop(id, MigrationPhase::Failed, reason).await
     }

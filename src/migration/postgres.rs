@@ -233,6 +233,10 @@ impl PostgresMigrationStore {
     ///
     /// [`Error::MigrationStorage`] when a statement fails (for example for lack of the
     /// `CREATE` privilege).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the setup is one transaction, committed or rolled back.
     pub async fn ensure_schema(&self) -> Result<()> {
         let failed = storage("create the migration tables");
         let mut tx = self.pool.begin().await.map_err(failed)?;

@@ -114,6 +114,14 @@ pub trait AuditLog: Send + Sync + fmt::Debug {
 /// [`InMemoryMigrationStore`](super::InMemoryMigrationStore). An implementation must apply each
 /// method below all-or-nothing: the migration row, the routing row and the audit entry change
 /// together or not at all.
+///
+/// # Cancel safety
+///
+/// Every write of these traits must be cancel safe in the same sense: if its future is dropped,
+/// the write has happened entirely or not at all (the PostgreSQL store runs each in one
+/// transaction, which is rolled back if it does not commit). Callers that cannot tell which
+/// (a dropped commit) re-read, or repeat the write as a compare-and-set that is refused when it
+/// already happened.
 #[async_trait]
 pub trait MigrationStore: MigrationRepository + RoutingRepository + AuditLog {
     /// Creates a migration in `pending`, points the tenant's routing at it, and logs
