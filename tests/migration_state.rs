@@ -353,13 +353,16 @@ async fn progress_is_recorded_only_while_copying(backend: Backend) {
     assert!(
         matches!(
             err,
-            Error::PhaseChanged {
-                expected: MigrationPhase::BulkCopy,
-                actual: MigrationPhase::Pending,
+            Error::WrongPhase {
+                phase: MigrationPhase::Pending,
                 ..
             }
         ),
         "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "Cannot record copy progress: migration is in pending phase"
     );
     h.store
         .apply_transition(&to_bulk_copy(&created))

@@ -323,7 +323,8 @@ impl MigrationCoordinator {
     ///   new call resumes after the last recorded batch.
     /// * The lock manager's errors when the write gate cannot be taken within the migration's
     ///   cutover timeout; the migration stays in `bulk_copy`.
-    /// * [`Error::PhaseChanged`] when the migration was aborted meanwhile, and store errors.
+    /// * [`Error::WrongPhase`] or [`Error::PhaseChanged`] when the migration was aborted
+    ///   meanwhile, and store errors.
     ///
     /// # Cancel safety
     ///

@@ -49,9 +49,12 @@ impl CutoverResult {
 
 /// Why a cutover did not switch the tenant.
 ///
-/// Failures up to and including [`LockUnavailable`](Self::LockUnavailable) for the write gate
-/// happen before anything is written; the others happen after the migration entered
-/// `cutover`, and are rolled back.
+/// [`LockUnavailable`](Self::LockUnavailable), [`MigrationNotFound`](Self::MigrationNotFound),
+/// [`AlreadyMigrated`](Self::AlreadyMigrated), [`WrongPhase`](Self::WrongPhase),
+/// [`RoutingMissing`](Self::RoutingMissing), [`WrongRoutingState`](Self::WrongRoutingState),
+/// [`UnknownTargetStore`](Self::UnknownTargetStore), and a [`Timeout`](Self::Timeout) while
+/// draining writes, are found before anything is written. The others happen once the
+/// migration is in `cutover`, which is then rolled back ([`CutoverResult::rolled_back`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum CutoverFailure {

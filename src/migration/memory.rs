@@ -12,8 +12,8 @@ use super::model::{
     AuditEntry, AuditEvent, Migration, MigrationPhase, NewMigration, RoutingState, TenantRouting,
 };
 use super::store::{
-    AuditLog, MigrationRepository, MigrationStore, RoutingChange, RoutingRepository, Transition,
-    check_routable,
+    AuditLog, MigrationRepository, MigrationStore, RECORD_PROGRESS, RoutingChange,
+    RoutingRepository, Transition, check_routable,
 };
 use crate::{Error, Result};
 
@@ -199,11 +199,10 @@ impl MigrationRepository for InMemoryMigrationStore {
             .get_mut(&id)
             .ok_or(Error::MigrationNotFound { migration_id: id })?;
         if migration.phase != MigrationPhase::BulkCopy {
-            return Err(Error::PhaseChanged {
+            return Err(Error::WrongPhase {
                 migration_id: id,
-                expected: MigrationPhase::BulkCopy,
-                actual: migration.phase,
-                to: MigrationPhase::BulkCopy,
+                operation: RECORD_PROGRESS,
+                phase: migration.phase,
             });
         }
         migration.events_copied += copied;

@@ -13,8 +13,8 @@ use super::model::{
     AuditEntry, AuditEvent, Migration, MigrationConfig, MigrationPhase, NewMigration, TenantRouting,
 };
 use super::store::{
-    AuditLog, MigrationRepository, MigrationStore, RoutingChange, RoutingRepository, Transition,
-    check_routable,
+    AuditLog, MigrationRepository, MigrationStore, RECORD_PROGRESS, RoutingChange,
+    RoutingRepository, Transition, check_routable,
 };
 use crate::{Error, Result, lock_id};
 
@@ -609,11 +609,10 @@ impl MigrationRepository for PostgresMigrationStore {
         }
         match self.migration_phase(&mut conn, id).await? {
             None => Err(Error::MigrationNotFound { migration_id: id }),
-            Some((actual, _)) => Err(Error::PhaseChanged {
+            Some((phase, _)) => Err(Error::WrongPhase {
                 migration_id: id,
-                expected: MigrationPhase::BulkCopy,
-                actual,
-                to: MigrationPhase::BulkCopy,
+                operation: RECORD_PROGRESS,
+                phase,
             }),
         }
     }

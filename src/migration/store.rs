@@ -46,7 +46,7 @@ pub trait MigrationRepository: Send + Sync + fmt::Debug {
     ///
     /// # Errors
     ///
-    /// [`Error::MigrationNotFound`], or [`Error::PhaseChanged`] when the migration left
+    /// [`Error::MigrationNotFound`], or [`Error::WrongPhase`] when the migration is not in
     /// `bulk_copy` (it is then not changed); [`Error::MigrationStorage`] when the store fails.
     async fn record_progress(
         &self,
@@ -360,3 +360,6 @@ pub(super) fn check_routable(current: &TenantRouting, new: &NewMigration) -> Res
     }
     Ok(())
 }
+
+/// The operation named by [`Error::WrongPhase`] when progress is recorded outside `bulk_copy`.
+pub(super) const RECORD_PROGRESS: &str = "record copy progress";
