@@ -42,7 +42,7 @@
 //! | feature | default | enables |
 //! | --- | --- | --- |
 //! | `testing` | no | [`testing`]: the conformance suite and a throwaway PostgreSQL server for tests. |
-//! | `migration` | no | `migration`: the migration coordinator, cutover manager, write gate and repositories. |
+//! | `migration` | no | [`migration`]: the migration coordinator, cutover manager, write gate and repositories. |
 //!
 //! # Guarantees, briefly
 //!
