@@ -17,6 +17,7 @@
 //! | [`Error`], [`Result`] | The one error type of the crate. |
 //! | [`telemetry`] | Span and field names emitted through `tracing`. |
 //! | `testing` (feature) | The conformance suite for any [`LockManager`] and a throwaway PostgreSQL server for tests. |
+//! | `migration` (feature) | `pglock::migration`: tenant live migration, with a cutover that is correct across processes. |
 //!
 //! # Example
 //!
@@ -41,6 +42,7 @@
 //! | feature | default | enables |
 //! | --- | --- | --- |
 //! | `testing` | no | [`testing`]: the conformance suite and a throwaway PostgreSQL server for tests. |
+//! | `migration` | no | [`migration`]: the migration coordinator, cutover manager, write gate and repositories. |
 //!
 //! # Guarantees, briefly
 //!
@@ -72,6 +74,9 @@ mod key;
 mod loss;
 mod manager;
 mod memory;
+#[cfg(feature = "migration")]
+#[cfg_attr(docsrs, doc(cfg(feature = "migration")))]
+pub mod migration;
 mod postgres;
 pub mod telemetry;
 #[cfg(feature = "testing")]

@@ -1,0 +1,143 @@
+//! The per-tenant write gate: writers share it, the cutover closes it.
+
+use std::time::Duration;
+
+use sqlx::PgTransaction;
+use uuid::Uuid;
+
+use crate::{Error, LockGuard, LockManager, Result, lock_id, migration_lock_key};
+
+/// The operation name of a tenant's write gate key: `"write-gate"`.
+pub const WRITE_GATE_OPERATION: &str = "write-gate";
+
+/// A tenant's write gate: the advisory lock that makes the cutover's write pause hold across
+/// processes.
+///
+/// Every write of a tenant that may be migrating takes the gate in **shared** mode for the
+/// duration of its write transaction; many writers hold it at once and never wait for each
+/// other. A cutover (and the switch from bulk copy to dual writes) takes it **exclusively**
+/// through its [`LockManager`]. PostgreSQL queues lock requests in arrival order, so once the
+/// cutover asks for the gate:
+///
+/// * writes already inside the gate finish and commit (they *drain*) before the cutover gets it;
+/// * writes that start afterwards wait behind the cutover, and enter once the cutover has
+///   committed the new routing and let the gate go.
+///
+/// A writer must therefore read the tenant's routing *after* entering the gate, in the same
+/// transaction or later. Then no write can be routed by a routing that a cutover replaces
+/// before the write commits.
+///
+/// # Writers on PostgreSQL
+///
+/// [`enter`](WriteGate::enter) runs `pg_advisory_xact_lock_shared` in the writer's own
+/// transaction, so the gate is held exactly until that transaction commits or rolls back, and
+/// costs no extra connection. The transaction must run on the database of the cutover's
+/// [`PostgresLockManager`](crate::PostgresLockManager): if the event stores live elsewhere,
+/// open the gate transaction there and keep it open around the write.
+///
+/// ```no_run
+/// use pglock::migration::{RoutingRepository, WriteGate};
+/// # async fn run(pool: sqlx::PgPool, routing: &dyn RoutingRepository, tenant: uuid::Uuid) -> Result<(), Box<dyn std::error::Error>> {
+/// let mut tx = pool.begin().await?;
+/// WriteGate::enter(&mut tx, tenant).await?; // waits while a cutover switches this tenant
+/// let route = routing.get_routing(tenant).await?.expect("routed tenant");
+/// for store in route.write_stores() {
+///     // append the event to `store` ...
+/// }
+/// tx.commit().await?; // lets a waiting cutover in
+/// # Ok(()) }
+/// ```
+///
+/// # Writers without PostgreSQL
+///
+/// [`enter_with`](WriteGate::enter_with) takes the gate in shared mode through a
+/// [`LockManager`] and returns its guard: hold the guard for the duration of the write. With an
+/// [`InMemoryLockManager`](crate::InMemoryLockManager) this lets unit tests play writers
+/// racing a cutover.
+#[derive(Debug, Clone, Copy)]
+pub struct WriteGate;
+
+impl WriteGate {
+    /// The gate's lock key: `"write-gate:{tenant_id}"`.
+    ///
+    /// ```
+    /// let tenant = uuid::Uuid::parse_str("123e4567-e89b-12d3-a456-426614174000").unwrap();
+    /// assert_eq!(
+    ///     pglock::migration::WriteGate::key(tenant),
+    ///     "write-gate:123e4567-e89b-12d3-a456-426614174000",
+    /// );
+    /// ```
+    pub fn key(tenant_id: Uuid) -> String {
+        migration_lock_key(tenant_id, WRITE_GATE_OPERATION)
+    }
+
+    /// The gate's advisory lock id: [`lock_id`] of [`key`](WriteGate::key).
+    pub fn lock_id(tenant_id: Uuid) -> i64 {
+        lock_id(&Self::key(tenant_id))
+    }
+
+    /// Enters the gate for the rest of `tx`, waiting while a cutover holds it.
+    ///
+    /// The wait is bounded only by the transaction's own `lock_timeout` or
+    /// `statement_timeout`, if set (the error is then a
+    /// [`MigrationStorage`](Error::MigrationStorage) carrying the server's message).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::MigrationStorage`] when the statement fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// As cancel safe as any statement on `tx`: a dropped wait leaves the transaction unusable,
+    /// and sqlx rolls it back when it is dropped, which releases the gate.
+    pub async fn enter(tx: &mut PgTransaction<'_>, tenant_id: Uuid) -> Result<()> {
+        sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
+            .bind(Self::lock_id(tenant_id))
+            .execute(&mut **tx)
+            .await
+            .map_err(|source| Error::MigrationStorage {
+                operation: "enter the write gate",
+                source,
+            })?;
+        Ok(())
+    }
+
+    /// Enters the gate for the rest of `tx` if no cutover holds or awaits it; returns whether
+    /// it did.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::MigrationStorage`] when the statement fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`enter`](WriteGate::enter).
+    pub async fn try_enter(tx: &mut PgTransaction<'_>, tenant_id: Uuid) -> Result<bool> {
+        sqlx::query_scalar("SELECT pg_try_advisory_xact_lock_shared($1)")
+            .bind(Self::lock_id(tenant_id))
+            .fetch_one(&mut **tx)
+            .await
+            .map_err(|source| Error::MigrationStorage {
+                operation: "enter the write gate",
+                source,
+            })
+    }
+
+    /// Enters the gate through `locks` in shared mode and returns the guard that holds it.
+    ///
+    /// # Errors
+    ///
+    /// The errors of [`LockManager::acquire_shared`]: a timeout while a cutover holds the gate
+    /// past `timeout`, and connection errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`LockManager::acquire_shared`].
+    pub async fn enter_with(
+        locks: &dyn LockManager,
+        tenant_id: Uuid,
+        timeout: Option<Duration>,
+    ) -> Result<LockGuard> {
+        locks.acquire_shared(&Self::key(tenant_id), timeout).await
+    }
+}
