@@ -292,3 +292,58 @@ async fn postgres_dropped_while_draining_writes_changes_nothing() {
     }
     assert_eq!(lag.calls(), 0);
 }
+
+/// The lock manager declares the cutover lock lost while the cutover is inside its locked
+/// section (parked in its lag check): the cutover stops there, rolls back, and reports why.
+#[tokio::test]
+async fn a_cutover_whose_lock_is_lost_stops_and_rolls_back() {
+    use pglock::LockManager;
+    use pglock::migration::CutoverFailure;
+    use std::sync::Arc;
+
+    let h = Harness::memory();
+    let tenant = Uuid::new_v4();
+    let config = MigrationConfig::default().cutover_timeout(Duration::from_secs(30));
+    let m = h.dual_writing(tenant, config).await;
+    let lag = TestLag::fixed(Some(0));
+    let parked = lag.hold_next();
+    let locks = Arc::new(pglock::InMemoryLockManager::new());
+    let cutover = CutoverManager::new(locks.clone(), h.store.clone(), TestStores::new());
+
+    let running = cutover.execute_cutover(m.id, &*lag);
+    tokio::pin!(running);
+    tokio::select! {
+        biased;
+        result = &mut running => panic!("the lag check is parked, yet: {result:?}"),
+        () = parked.reached() => {}
+    }
+    assert_eq!(
+        h.store.get_migration(m.id).await.unwrap().unwrap().phase,
+        MigrationPhase::Cutover,
+        "the cutover is under way"
+    );
+    assert!(locks.simulate_loss(&CutoverManager::lock_key(tenant)).await);
+    let result = running.await;
+    assert!(!result.success);
+    assert_eq!(result.failure, Some(CutoverFailure::LockLost));
+    assert!(result.rolled_back, "{result:?}");
+    assert!(
+        result
+            .error_message
+            .as_deref()
+            .is_some_and(|m| m.contains("lost")),
+        "{result:?}"
+    );
+    let stored = h.store.get_migration(m.id).await.unwrap().unwrap();
+    assert_eq!(stored.phase, MigrationPhase::DualWrite);
+    let routing = h.store.get_routing(tenant).await.unwrap().unwrap();
+    assert_eq!(
+        (routing.state, routing.store_id.as_str()),
+        (RoutingState::DualWrite, SOURCE)
+    );
+    assert_eq!(
+        locks.held_lock_count(),
+        0,
+        "the write gate was released too"
+    );
+}

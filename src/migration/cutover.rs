@@ -86,6 +86,9 @@ pub enum CutoverFailure {
     StateChanged,
     /// The routing row was written under a newer fencing token: this cutover's lock was lost.
     FenceRejected,
+    /// The lock manager declared the cutover lock lost while the cutover ran; it was stopped
+    /// and rolled back.
+    LockLost,
     /// The migration store failed.
     Storage,
 }
@@ -106,6 +109,7 @@ impl CutoverFailure {
             CutoverFailure::LagTooHigh => "lag_too_high",
             CutoverFailure::TargetUnhealthy => "target_unhealthy",
             CutoverFailure::StateChanged => "state_changed",
+            CutoverFailure::LockLost => "lock_lost",
             CutoverFailure::FenceRejected => "fence_rejected",
             CutoverFailure::Storage => "storage",
         }
@@ -394,12 +398,22 @@ impl CutoverManager {
         if let Some(token) = attempt.plan.fencing_token {
             span.record(telemetry::FENCING_TOKEN, token);
         }
-        // The locked section is this one future. Lost-lock detection plugs in here: race it
-        // against the lock guard's loss signal and turn a loss into a failure, e.g.
-        //   select! { prepared = attempt.prepare(lag) => prepared,
-        //             () = lost => Err(failure(CutoverFailure::LockLost, ..)) }
-        // `finish` then rolls back exactly as for any other failure.
-        let prepared = attempt.prepare(lag).await;
+        // The locked section is this one future, raced against the lock's loss signal: a
+        // cutover whose lock is declared lost stops at its next await point, and `finish`
+        // rolls it back as for any other failure (its routing writes are fenced, too).
+        let loss = attempt
+            .lock
+            .as_ref()
+            .map(|lock| lock.loss_signal().clone())
+            .unwrap_or_default();
+        let prepared = tokio::select! {
+            biased;
+            cause = loss.lost() => Err(failure(
+                CutoverFailure::LockLost,
+                format!("The cutover lock was lost: {cause}"),
+            )),
+            prepared = attempt.prepare(lag) => prepared,
+        };
         attempt.finish(prepared, started).await.result(started)
     }
 
@@ -863,6 +877,18 @@ impl Attempt {
 
     /// Writes the completion, or the rollback, then opens the gate and releases the lock.
     async fn finish(mut self, prepared: Result<(), Failure>, started: Instant) -> Outcome {
+        // The last moment to notice a loss before the switch is written.
+        let lost = self
+            .lock
+            .as_ref()
+            .and_then(|lock| lock.loss_signal().cause());
+        let prepared = match (prepared, lost) {
+            (Ok(()), Some(cause)) => Err(failure(
+                CutoverFailure::LockLost,
+                format!("The cutover lock was lost: {cause}"),
+            )),
+            (prepared, _) => prepared,
+        };
         let failed = match prepared {
             Ok(()) => {
                 let complete = self
@@ -913,6 +939,7 @@ impl Attempt {
                     CutoverFailure::Storage
                     | CutoverFailure::LagUnavailable
                     | CutoverFailure::TargetUnhealthy
+                    | CutoverFailure::LockLost
                     | CutoverFailure::FenceRejected => {
                         tracing::error!("Cutover error for tenant {tenant}: {message}")
                     }
