@@ -74,6 +74,7 @@ mod key;
 mod loss;
 mod manager;
 mod memory;
+mod metrics;
 #[cfg(feature = "migration")]
 #[cfg_attr(docsrs, doc(cfg(feature = "migration")))]
 pub mod migration;

@@ -56,6 +56,8 @@ impl InMemoryLockManager {
             holder_id: None,
             tracing: true,
             server: None,
+            #[cfg(feature = "metrics")]
+            meter: None,
             hook: None,
         }
     }
@@ -118,6 +120,8 @@ pub struct InMemoryLockManagerBuilder {
     holder_id: Option<String>,
     tracing: bool,
     server: Option<InMemoryLockServer>,
+    #[cfg(feature = "metrics")]
+    meter: Option<opentelemetry::metrics::Meter>,
     hook: Option<Hook>,
 }
 
@@ -141,6 +145,15 @@ impl InMemoryLockManagerBuilder {
         self
     }
 
+    /// Records the [metrics](crate::telemetry::metrics) through `meter`. Default:
+    /// `opentelemetry::global::meter("pglock")`.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn meter(mut self, meter: opentelemetry::metrics::Meter) -> Self {
+        self.meter = Some(meter);
+        self
+    }
+
     /// Installs a hook awaited at every await point of lock operations (tests only).
     #[cfg(feature = "testing")]
     #[doc(hidden)]
@@ -154,11 +167,21 @@ impl InMemoryLockManagerBuilder {
         let backend = MemoryBackend {
             server: self.server.unwrap_or_default(),
         };
+        let holder_id = self
+            .holder_id
+            .unwrap_or_else(crate::identity::default_holder_id);
+        #[cfg(feature = "metrics")]
+        let metrics = crate::metrics::Metrics::new(
+            &self
+                .meter
+                .unwrap_or_else(|| opentelemetry::global::meter("pglock")),
+            Some(&holder_id),
+        );
+        #[cfg(not(feature = "metrics"))]
+        let metrics = crate::metrics::Metrics::default();
         let options = Options {
-            holder_id: Some(
-                self.holder_id
-                    .unwrap_or_else(crate::identity::default_holder_id),
-            ),
+            metrics,
+            holder_id: Some(holder_id),
             tracing: self.tracing,
             hook: self.hook,
             handoff: Some(crate::core::HandoffLimits::DEFAULT),

@@ -81,3 +81,31 @@ pub mod via {
     /// [`LockManager::release_all`](crate::LockManager::release_all).
     pub const RELEASE_ALL: &str = "release_all";
 }
+
+/// Names of the OpenTelemetry metrics recorded with the `metrics` feature.
+///
+/// | instrument | kind | unit | attributes |
+/// | --- | --- | --- | --- |
+/// | [`ACQUIRE_WAIT`](metrics::ACQUIRE_WAIT) | histogram | s | [`OPERATION`](metrics::OPERATION), [`MODE`], [`OUTCOME`], [`HOLDER_ID`] |
+/// | [`ACQUISITIONS`](metrics::ACQUISITIONS) | counter | | the same |
+/// | [`HELD`](metrics::HELD) | up-down counter (a gauge of locks held) | | [`HOLDER_ID`] |
+/// | [`LOST`](metrics::LOST) | counter | | [`CAUSE`], [`HOLDER_ID`] |
+///
+/// The managers record through the meter given to their builders' `meter` method, or through
+/// `opentelemetry::global::meter("pglock")`, so installing a global `MeterProvider` is enough.
+pub mod metrics {
+    /// Histogram of the time acquisitions spent waiting, in seconds.
+    pub const ACQUIRE_WAIT: &str = "pglock.acquire.wait";
+    /// Counter of acquisition attempts.
+    pub const ACQUISITIONS: &str = "pglock.acquisitions";
+    /// Up-down counter of the locks held now.
+    pub const HELD: &str = "pglock.locks.held";
+    /// Counter of held locks declared lost.
+    pub const LOST: &str = "pglock.locks.lost";
+    /// Attribute: which operation, [`ACQUIRE`] or [`TRY_ACQUIRE`].
+    pub const OPERATION: &str = "pglock.operation";
+    /// `acquire` and `acquire_shared`.
+    pub const ACQUIRE: &str = "acquire";
+    /// `try_acquire` and `try_acquire_shared`.
+    pub const TRY_ACQUIRE: &str = "try_acquire";
+}

@@ -125,6 +125,7 @@ pub type Hook =
     Arc<dyn Fn(Stage, &str) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync + 'static>;
 
 pub(crate) struct Options {
+    pub(crate) metrics: crate::metrics::Metrics,
     pub(crate) holder_id: Option<String>,
     pub(crate) tracing: bool,
     pub(crate) hook: Option<Hook>,
@@ -154,6 +155,7 @@ pub(crate) struct Core<B: Backend> {
     /// Mirrors `state.held.len()` for the synchronous `held_lock_count`; only changed under
     /// the state lock.
     held: AtomicUsize,
+    metrics: crate::metrics::Metrics,
     generations: AtomicU64,
     holder_id: Option<String>,
     tracing: bool,
@@ -213,6 +215,7 @@ impl<B: Backend> Core<B> {
                 turns: Slots::new(Turn::default),
             }),
             held: AtomicUsize::new(0),
+            metrics: options.metrics,
             generations: AtomicU64::new(0),
             holder_id: options.holder_id,
             tracing: options.tracing,
@@ -227,6 +230,12 @@ impl<B: Backend> Core<B> {
 
     pub(crate) fn held_lock_count(&self) -> usize {
         self.held.load(Ordering::SeqCst)
+    }
+
+    /// Mirrors the registry's size; only called with the state lock held.
+    fn set_held(&self, count: usize) {
+        let before = self.held.swap(count, Ordering::SeqCst);
+        self.metrics.held(count as i64 - before as i64);
     }
 
     pub(crate) async fn is_held(&self, key: &str) -> bool {
@@ -270,15 +279,19 @@ impl<B: Backend> Core<B> {
             .acquire_traced(key, lock_id, mode, timeout, started)
             .instrument(span.clone())
             .await;
-        span.record(telemetry::WAITED_MS, duration_ms(started.elapsed()));
-        match &result {
-            Ok(_) => recorder.finish(outcome::ACQUIRED, false),
-            Err(err) if err.is_timeout() => recorder.finish(outcome::TIMEOUT, false),
+        let waited = started.elapsed();
+        span.record(telemetry::WAITED_MS, duration_ms(waited));
+        let ended = match &result {
+            Ok(_) => outcome::ACQUIRED,
+            Err(err) if err.is_timeout() => outcome::TIMEOUT,
             Err(err) => {
                 tracing::warn!(parent: &span, error = %err, "lock acquisition failed");
-                recorder.finish(outcome::ERROR, true)
+                outcome::ERROR
             }
-        }
+        };
+        recorder.finish(ended, ended == outcome::ERROR);
+        self.metrics
+            .acquisition(telemetry::metrics::ACQUIRE, mode, ended, waited);
         result
     }
 
@@ -364,18 +377,26 @@ impl<B: Backend> Core<B> {
             Span::none()
         };
         let mut recorder = Outcome::new(span.clone());
+        let started = Instant::now();
         let result = self
             .try_acquire_traced(key, lock_id, mode)
             .instrument(span.clone())
             .await;
-        match &result {
-            Ok(Some(_)) => recorder.finish(outcome::ACQUIRED, false),
-            Ok(None) => recorder.finish(outcome::BUSY, false),
+        let ended = match &result {
+            Ok(Some(_)) => outcome::ACQUIRED,
+            Ok(None) => outcome::BUSY,
             Err(err) => {
                 tracing::warn!(parent: &span, error = %err, "lock acquisition failed");
-                recorder.finish(outcome::ERROR, true)
+                outcome::ERROR
             }
-        }
+        };
+        recorder.finish(ended, ended == outcome::ERROR);
+        self.metrics.acquisition(
+            telemetry::metrics::TRY_ACQUIRE,
+            mode,
+            ended,
+            started.elapsed(),
+        );
         result
     }
 
@@ -443,7 +464,7 @@ impl<B: Backend> Core<B> {
             // Holding the key's turn makes this the only live acquisition of the key here.
             let previous = state.held.insert(key.to_owned(), held);
             debug_assert!(previous.is_none(), "two live acquisitions of one key");
-            self.held.store(state.held.len(), Ordering::SeqCst);
+            self.set_held(state.held.len());
         }
         B::watch(self);
         (generation, signal)
@@ -500,6 +521,7 @@ impl<B: Backend> Core<B> {
             );
             tracing::warn!(parent: &span, %cause, "lock lost");
         }
+        self.metrics.lost(&cause);
         held.signal.declare(cause);
         // Dropping the entry closes its session (it is not known clean) and ends the turn.
         drop(held);
@@ -510,7 +532,7 @@ impl<B: Backend> Core<B> {
     async fn forget(&self, key: &str) -> Option<Held<B::Session>> {
         let mut state = self.state.lock().await;
         let held = state.held.remove(key);
-        self.held.store(state.held.len(), Ordering::SeqCst);
+        self.set_held(state.held.len());
         held
     }
 
@@ -518,7 +540,7 @@ impl<B: Backend> Core<B> {
     async fn forget_generation(&self, key: &str, generation: u64) -> Option<Held<B::Session>> {
         let mut state = self.state.lock().await;
         let held = state.take_generation(key, generation);
-        self.held.store(state.held.len(), Ordering::SeqCst);
+        self.set_held(state.held.len());
         held
     }
 
@@ -540,7 +562,7 @@ impl<B: Backend> Core<B> {
         let drained: Vec<(String, Held<B::Session>)> = {
             let mut state = self.state.lock().await;
             let drained = state.held.drain().collect();
-            self.held.store(0, Ordering::SeqCst);
+            self.set_held(0);
             drained
         };
         // If this future is dropped part-way, the remaining entries drop with it and their
@@ -734,7 +756,7 @@ impl<B: Backend> Drop for CoreGuard<B> {
             // the lock on the server.
             if let Ok(mut state) = core.state.try_lock() {
                 drop(state.take_generation(&key, generation));
-                core.held.store(state.held.len(), Ordering::SeqCst);
+                core.set_held(state.held.len());
             }
             return;
         };
@@ -742,7 +764,7 @@ impl<B: Backend> Drop for CoreGuard<B> {
         // `held_lock_count` reflect the drop at once; the unlock itself runs on a task.
         let forgotten = core.state.try_lock().ok().map(|mut state| {
             let held = state.take_generation(&key, generation);
-            core.held.store(state.held.len(), Ordering::SeqCst);
+            core.set_held(state.held.len());
             held
         });
         match forgotten {

@@ -121,6 +121,8 @@ impl PostgresLockManager {
             probe_grace: Duration::from_secs(2),
             handoff: Some(HandoffLimits::DEFAULT),
             idle_sessions: (usize::MAX, Duration::from_millis(250)),
+            #[cfg(feature = "metrics")]
+            meter: None,
             hook: None,
         }
     }
@@ -174,6 +176,8 @@ pub struct PostgresLockManagerBuilder {
     probe_grace: Duration,
     handoff: Option<HandoffLimits>,
     idle_sessions: (usize, Duration),
+    #[cfg(feature = "metrics")]
+    meter: Option<opentelemetry::metrics::Meter>,
     hook: Option<Hook>,
 }
 
@@ -289,6 +293,15 @@ impl PostgresLockManagerBuilder {
         self
     }
 
+    /// Records the [metrics](crate::telemetry::metrics) through `meter`. Default:
+    /// `opentelemetry::global::meter("pglock")`.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn meter(mut self, meter: opentelemetry::metrics::Meter) -> Self {
+        self.meter = Some(meter);
+        self
+    }
+
     /// Installs a hook awaited at every await point of lock operations (tests only).
     #[cfg(feature = "testing")]
     #[doc(hidden)]
@@ -318,7 +331,17 @@ impl PostgresLockManagerBuilder {
             monitor_running: AtomicBool::new(false),
             idle: IdleSessions::new(self.idle_sessions.0, self.idle_sessions.1),
         };
+        #[cfg(feature = "metrics")]
+        let metrics = crate::metrics::Metrics::new(
+            &self
+                .meter
+                .unwrap_or_else(|| opentelemetry::global::meter("pglock")),
+            Some(&holder_id),
+        );
+        #[cfg(not(feature = "metrics"))]
+        let metrics = crate::metrics::Metrics::default();
         let options = Options {
+            metrics,
             holder_id: Some(holder_id),
             tracing: self.tracing,
             hook: self.hook,
