@@ -80,10 +80,8 @@ impl Metrics {
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn held(&self, delta: i64) {
         #[cfg(feature = "metrics")]
-        if let Some(m) = &self.instruments {
-            if delta != 0 {
-                m.held.add(delta, std::slice::from_ref(&m.holder));
-            }
+        if let Some(m) = self.instruments.as_ref().filter(|_| delta != 0) {
+            m.held.add(delta, std::slice::from_ref(&m.holder));
         }
     }
 
