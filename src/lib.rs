@@ -11,11 +11,14 @@
 //! | [`LockManager`] | The port: the contract every lock manager fulfils, usable generically or as `Arc<dyn LockManager>`. |
 //! | [`PostgresLockManager`] | Session advisory locks, each held on its own pinned connection from your [`sqlx::PgPool`]. |
 //! | [`InMemoryLockManager`] | The same contract inside one process, for your unit tests. |
-//! | [`LockGuard`] | Proof that a lock is held; release it with [`LockGuard::release`], or drop it. |
-//! | [`LockInfo`] | What was acquired: key, lock id, time, holder id. |
+//! | [`LockManagerExt`] | Conveniences for every manager: [`with_lock`](LockManagerExt::with_lock). |
+//! | [`LockGuard`] | Proof that a lock is held; release it with [`LockGuard::release`], or drop it; [`LockGuard::lost`] says when it is gone. |
+//! | [`LockInfo`], [`LockMode`] | What was acquired: key, lock id, time, holder id, fencing token, mode. |
+//! | [`LossSignal`], [`LossCause`] | How a holder learns that its lock was lost, and why. |
+//! | [`FencingTable`] | Where [`PostgresLockManager`] keeps fencing tokens. |
 //! | [`lock_id`], [`migration_lock_key`] | The frozen key-to-lock-id derivation, shared bit for bit with the Python original. |
 //! | [`Error`], [`Result`] | The one error type of the crate. |
-//! | [`telemetry`] | Span and field names emitted through `tracing`. |
+//! | [`telemetry`] | Span, field and metric names. |
 //! | `testing` (feature) | The conformance suite for any [`LockManager`] and a throwaway PostgreSQL server for tests. |
 //! | `migration` (feature) | `pglock::migration`: tenant live migration, with a cutover that is correct across processes. |
 //!
@@ -32,7 +35,10 @@
 //! // Wait at most two seconds (pool checkout included) for the lock.
 //! let guard = locks.acquire("rebuild:orders", Some(Duration::from_secs(2))).await?;
 //! println!("lock {} held since {}", guard.lock_id, guard.acquired_at);
-//! // ... the critical section ...
+//! tokio::select! {
+//!     cause = guard.lost() => eprintln!("lost the lock: {cause}"),
+//!     () = async { /* ... the critical section ... */ } => {}
+//! }
 //! guard.release().await?;
 //! # Ok(()) }
 //! ```
@@ -42,6 +48,7 @@
 //! | feature | default | enables |
 //! | --- | --- | --- |
 //! | `testing` | no | [`testing`]: the conformance suite and a throwaway PostgreSQL server for tests. |
+//! | `metrics` | no | OpenTelemetry metrics (see [`telemetry::metrics`]); builders gain a `meter` method. |
 //! | `migration` | no | [`migration`]: the migration coordinator, cutover manager, write gate and repositories. |
 //!
 //! # Guarantees, briefly
@@ -55,6 +62,13 @@
 //!   drop.
 //! * **Deadlines are deadlines**: one timeout covers pool checkout and the wait on the server,
 //!   and the wait happens on the server, in its FIFO queue, without client-side polling.
+//! * **Lost locks are reported**: a lock whose session ended is declared lost within about one
+//!   probe interval, and its guard's [`lost`](LockGuard::lost) signal fires.
+//! * **Fencing**: with a [`FencingTable`], every acquisition carries a token larger than any
+//!   before it for its key, so resources can refuse writes from a superseded holder.
+//!
+//! The repository's `docs/guide.md` is the user's guide, `docs/design.md` explains the design,
+//! and `docs/failure-model.md` what is detected and how fast.
 #![forbid(unsafe_code)]
 #![warn(
     missing_docs,
