@@ -187,8 +187,11 @@ fn default_pool(opts: &PgConnectOptions, args: &Args) -> PgPool {
 }
 
 fn pglock_manager(pool: PgPool, args: &Args) -> PostgresLockManager {
+    // The harness counts a library's connections by their `application_name`
+    // (`lockbench-lib-<run>`): keep it, rather than pglock's `pglock:{holder}` session tag.
     PostgresLockManager::builder(pool)
         .tracing(args.pglock_tracing)
+        .application_name_prefix(None)
         .build()
 }
 

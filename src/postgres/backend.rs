@@ -152,11 +152,15 @@ impl PgBackend {
         }
         let started = Instant::now();
         let deadline = req.deadline.filter(|_| req.timeout != Some(Duration::ZERO));
+        // sqlx's checkout future is several kilobytes: boxed, it does not bloat (and get copied
+        // with) every future that awaits a lock, and the common path (a kept session) never
+        // pays for it.
+        let checkout = Box::pin(self.pool.acquire());
         let checked_out = match deadline {
-            Some(deadline) => timeout_at(deadline, self.pool.acquire())
+            Some(deadline) => timeout_at(deadline, checkout)
                 .await
                 .unwrap_or(Err(sqlx::Error::PoolTimedOut)),
-            None => self.pool.acquire().await,
+            None => checkout.await,
         };
         checked_out
             .map(|conn| PgSession::new(conn, Arc::clone(&self.idle)))
