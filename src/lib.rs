@@ -16,6 +16,7 @@
 //! | [`lock_id`], [`migration_lock_key`] | The frozen key-to-lock-id derivation, shared bit for bit with the Python original. |
 //! | [`Error`], [`Result`] | The one error type of the crate. |
 //! | [`telemetry`] | Span and field names emitted through `tracing`. |
+//! | [`inspect`] | Who holds and who waits for each advisory lock, read from `pg_locks` and `pg_stat_activity`. |
 //! | `testing` (feature) | The conformance suite for any [`LockManager`] and a throwaway PostgreSQL server for tests. |
 //! | `migration` (feature) | `pglock::migration`: tenant live migration, with a cutover that is correct across processes. |
 //!
@@ -43,6 +44,7 @@
 //! | --- | --- | --- |
 //! | `testing` | no | [`testing`]: the conformance suite and a throwaway PostgreSQL server for tests. |
 //! | `migration` | no | [`migration`]: the migration coordinator, cutover manager, write gate and repositories. |
+//! | `cli` | no | The `pglock` command: `pglock id <KEY>` (a key's lock id) and `pglock holders [KEY]` (an [`inspect`] report). |
 //!
 //! # Guarantees, briefly
 //!
@@ -70,6 +72,7 @@ mod ext;
 mod guard;
 mod identity;
 mod info;
+pub mod inspect;
 mod key;
 mod loss;
 mod manager;
