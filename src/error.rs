@@ -24,6 +24,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// | [`NotHeld`](Error::NotHeld) | `release` of a key this manager does not hold | a bookkeeping bug in the caller, or the lock was already released |
 /// | [`ReleaseFailed`](Error::ReleaseFailed) | the server did not confirm the unlock | nothing to undo: the session was closed, which frees the lock on the server |
 /// | [`LockLost`](Error::LockLost) | the lock was lost while held | work done under it may have overlapped another holder's; stop, and re-check before acting on its results (fencing tokens make this safe) |
+/// | [`InspectionFailed`](Error::InspectionFailed) | [`inspect`](crate::inspect) could not read the server's lock views | the database is unreachable, or the query was refused; retry later |
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -320,6 +321,17 @@ pub enum Error {
         /// Why it was declared lost.
         cause: LossCause,
     },
+
+    /// A query of [`inspect`](crate::inspect) failed: the server could not be reached, or
+    /// refused it.
+    #[error("Lock inspection failed{}: {source}", for_key(.key))]
+    InspectionFailed {
+        /// The key that was inspected, when one was.
+        key: Option<String>,
+        /// The driver error.
+        #[source]
+        source: sqlx::Error,
+    },
 }
 
 impl Error {
@@ -333,6 +345,7 @@ impl Error {
             | Error::ReleaseFailed { key, .. }
             | Error::LockLost { key, .. } => Some(key),
             Error::InvalidIdentifier { .. } => None,
+            Error::InspectionFailed { key, .. } => key.as_deref(),
             #[cfg(feature = "migration")]
             Error::MigrationNotFound { .. }
             | Error::InvalidPhaseTransition { .. }
@@ -431,6 +444,13 @@ impl fmt::Display for ReleaseFailure {
             }
         }
     }
+}
+
+/// ` for '{key}'`, or nothing.
+fn for_key(key: &Option<String>) -> String {
+    key.as_ref()
+        .map(|key| format!(" for '{key}'"))
+        .unwrap_or_default()
 }
 
 /// Formats seconds the way Python's `repr(float)` does: shortest round-trip digits, always a

@@ -19,6 +19,7 @@
 //! | [`lock_id`], [`migration_lock_key`] | The frozen key-to-lock-id derivation, shared bit for bit with the Python original. |
 //! | [`Error`], [`Result`] | The one error type of the crate. |
 //! | [`telemetry`] | Span, field and metric names. |
+//! | [`inspect`] | Who holds and who waits for each advisory lock, read from `pg_locks` and `pg_stat_activity`. |
 //! | `testing` (feature) | The conformance suite for any [`LockManager`] and a throwaway PostgreSQL server for tests. |
 //! | `migration` (feature) | `pglock::migration`: tenant live migration, with a cutover that is correct across processes. |
 //!
@@ -50,6 +51,7 @@
 //! | `testing` | no | [`testing`]: the conformance suite and a throwaway PostgreSQL server for tests. |
 //! | `metrics` | no | OpenTelemetry metrics (see [`telemetry::metrics`]); builders gain a `meter` method. |
 //! | `migration` | no | [`migration`]: the migration coordinator, cutover manager, write gate and repositories. |
+//! | `cli` | no | The `pglock` command: `pglock id <KEY>` (a key's lock id) and `pglock holders [KEY]` (an [`inspect`] report). |
 //!
 //! # Guarantees, briefly
 //!
@@ -84,6 +86,7 @@ mod ext;
 mod guard;
 mod identity;
 mod info;
+pub mod inspect;
 mod key;
 mod loss;
 mod manager;

@@ -213,7 +213,7 @@ impl PostgresLockManagerBuilder {
 
     /// Tags the sessions this manager uses with `application_name = {prefix}{holder id}`
     /// (printable ASCII, cut to PostgreSQL's 63 bytes), so `pg_stat_activity` and
-    /// the `inspect` module show who holds and who waits for each lock. The tag is set
+    /// [`inspect`](crate::inspect) show who holds and who waits for each lock. The tag is set
     /// by the acquisition's own statement, and the original name is restored before the
     /// connection goes back to the pool. `None` leaves the pool's name alone. Default:
     /// `Some("pglock:")`.

@@ -1,0 +1,414 @@
+//! Who holds and who waits for advisory locks, read from the server's own views.
+//!
+//! An [`Inspector`] answers "who holds this lock, since when, and who is queued behind it?"
+//! for one key or for every advisory lock of the database, with one query joining `pg_locks`
+//! and `pg_stat_activity`. It needs no lock manager: any pool on the database will do, so an
+//! operator tool or an admin endpoint can run it next to (or far from) the services that hold
+//! the locks. The `pglock holders` command of the `cli` feature prints the same reports.
+//!
+//! ```no_run
+//! use pglock::inspect::Inspector;
+//!
+//! # async fn run(pool: sqlx::PgPool) -> pglock::Result<()> {
+//! let inspector = Inspector::new(pool).known_keys(["leader:orders", "rebuild:orders"]);
+//! for lock in inspector.all().await? {
+//!     let name = lock.key.as_deref().unwrap_or("(unknown key)");
+//!     for holder in &lock.holders {
+//!         println!("{name} held by pid {:?} ({:?}) for {:?}",
+//!             holder.pid, holder.holder_id, holder.held_or_waited_for);
+//!     }
+//!     for (place, waiter) in lock.waiters.iter().enumerate() {
+//!         println!("  #{} in the queue: pid {:?}", place + 1, waiter.pid);
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # What is listed
+//!
+//! * **Advisory locks of the current database only.** The advisory lock space is per database;
+//!   locks other databases of the same server hold (or wait for) never conflict with these and
+//!   are left out.
+//! * **Single-`bigint` locks only** (`pg_advisory_lock(bigint)` and its shared, `try` and
+//!   transaction-scoped forms: `objsubid = 1` in `pg_locks`), the only form pglock takes. Locks
+//!   taken with the two-`int4` forms (`pg_advisory_lock(int4, int4)`, `objsubid = 2`) by other
+//!   software are skipped: they live in a separate lock space that never conflicts with
+//!   pglock's, even where their two halves equal a pglock lock's `classid` and `objid`.
+//! * Single-`bigint` locks of other software are listed (they share pglock's lock space, so a
+//!   colliding id does contend); their [`key`](LockReport::key) is `None` unless you name it.
+//!
+//! # Keys
+//!
+//! The server only ever sees lock ids, never keys (see [`lock_id`]). A report carries a key
+//! when the caller knows it: the key asked for with [`Inspector::key`], or one of the
+//! [`known_keys`](Inspector::known_keys) whose [`lock_id`] matches.
+//!
+//! # Holder ids
+//!
+//! [`PostgresLockManager`](crate::PostgresLockManager) tags the sessions it holds and waits on
+//! with `application_name = {prefix}{holder id}` (see
+//! [`application_name_prefix`](crate::PostgresLockManagerBuilder::application_name_prefix)).
+//! The inspector parses the holder id back out of names that start with its
+//! [`application_name_prefix`](Inspector::application_name_prefix) (default `"pglock:"`). The
+//! tag is printable ASCII cut to 63 bytes, so a holder id with other characters shows them as
+//! `?`, and a long one shows cut.
+//!
+//! # Held for, waited for
+//!
+//! Each [`Session`] carries [`since`](Session::since) and
+//! [`held_or_waited_for`](Session::held_or_waited_for) (the time from `since` to the start of
+//! the inspection's statement, both read from the server's clock, so client clock skew plays
+//! no part):
+//!
+//! * **A waiter** counts from `pg_locks.waitstart`, when its backend began to wait for the
+//!   lock: exact. Waiters are listed in that order, which is the order of the server's queue
+//!   (PostgreSQL grants advisory locks first come, first served). `waitstart` exists from
+//!   PostgreSQL 14 on, and is briefly `NULL` right after a wait begins; without it `since` is
+//!   `None`, and such waiters are ordered by the start of their statement after the others.
+//! * **A holder** has no grant time: `pg_locks` does not record one. The inspector uses
+//!   `pg_stat_activity.state_change` of a holder that is `idle` (or `idle in transaction`): the
+//!   moment its last statement finished. The lock was granted by that statement or an earlier
+//!   one, so this is a **lower bound** on how long the lock has been held. For pglock's pinned
+//!   sessions it is the grant itself, to within the lock statement's completion: a pinned
+//!   session runs nothing while it holds its lock, except the token-minting statement of an
+//!   in-process handoff when fencing is on, from which the count then restarts. (An in-process
+//!   handoff without fencing runs no statement; the count is then the session's whole hold, over
+//!   every task it was handed to.) A holder that is running a statement (`active`) may have
+//!   been granted the lock by that very statement, so no bound is known: `since` is `None`.
+//!
+//! # Privileges
+//!
+//! `pg_locks` is readable by every role. `pg_stat_activity` shows the details of other roles'
+//! sessions (client address, backend start, state) only to superusers and members of
+//! `pg_read_all_stats`; for others those fields are `None`, and so is a holder's duration.
+//! Process ids and application names are always shown.
+//!
+//! [`lock_id`]: crate::lock_id
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgRow;
+use sqlx::{PgPool, Row};
+
+use crate::{Error, LockMode, Result, lock_id, split_lock_id};
+
+/// The `application_name` prefix that [`Inspector`] parses holder ids out of by default, the
+/// default of [`PostgresLockManagerBuilder::application_name_prefix`](crate::PostgresLockManagerBuilder::application_name_prefix).
+pub const DEFAULT_APPLICATION_NAME_PREFIX: &str = "pglock:";
+
+// One row per `pg_locks` entry: the advisory single-bigint locks of this database, each with
+// its session. `$1`/`$2` narrow it to one lock's (classid, objid), or are NULL for all.
+// `waitstart` is read through to_jsonb so the one statement also runs on PostgreSQL 13 and
+// older, where the column does not exist (there it reads NULL).
+const REPORT: &str = "\
+SELECT l.classid::int8 AS classid, l.objid::int8 AS objid, l.granted, \
+       l.mode = 'ShareLock' AS shared, l.pid, a.application_name, \
+       host(a.client_addr) AS client_addr, a.client_port, a.backend_start, a.state, \
+       CASE WHEN NOT l.granted THEN (to_jsonb(l) ->> 'waitstart')::timestamptz \
+            WHEN a.state LIKE 'idle%' THEN a.state_change END AS since, \
+       statement_timestamp() AS observed_at \
+FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+WHERE l.locktype = 'advisory' AND l.objsubid = 1 \
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+  AND ($1::int8 IS NULL OR (l.classid = $1::int8::oid AND l.objid = $2::int8::oid)) \
+ORDER BY l.classid, l.objid, l.granted DESC, since NULLS LAST, a.query_start NULLS LAST, l.pid";
+
+/// Reads who holds and who waits for advisory locks. See the [module documentation](self).
+///
+/// Clone it freely: it holds a handle to the pool and the known keys.
+#[derive(Debug, Clone)]
+pub struct Inspector {
+    pool: PgPool,
+    prefix: Option<String>,
+    known: HashMap<i64, String>,
+}
+
+impl Inspector {
+    /// An inspector on `pool`'s database, with no known keys and the default prefix
+    /// [`DEFAULT_APPLICATION_NAME_PREFIX`].
+    ///
+    /// Each inspection checks one connection out of the pool for one query.
+    pub fn new(pool: PgPool) -> Self {
+        Inspector {
+            pool,
+            prefix: Some(DEFAULT_APPLICATION_NAME_PREFIX.to_owned()),
+            known: HashMap::new(),
+        }
+    }
+
+    /// Adds keys whose lock ids reports should map back to their keys. May be called again to
+    /// add more; if two known keys share a lock id, the first one added is kept.
+    ///
+    /// ```
+    /// use pglock::inspect::Inspector;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # let pool = sqlx::PgPool::connect_lazy("postgres://localhost/app").unwrap();
+    /// let inspector = Inspector::new(pool).known_keys(["leader:orders", "leader:billing"]);
+    /// assert_eq!(inspector.known_key(pglock::lock_id("leader:orders")), Some("leader:orders"));
+    /// assert_eq!(inspector.known_key(42), None);
+    /// # }
+    /// ```
+    pub fn known_keys<I>(mut self, keys: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        for key in keys {
+            let key = key.into();
+            self.known.entry(lock_id(&key)).or_insert(key);
+        }
+        self
+    }
+
+    /// The `application_name` prefix that marks a pglock session; the rest of the name is its
+    /// holder id. Use the prefix the managers were built with. `None` parses no holder ids.
+    /// Default: `Some("pglock:")`.
+    pub fn application_name_prefix(mut self, prefix: Option<&str>) -> Self {
+        self.prefix = prefix.map(str::to_owned);
+        self
+    }
+
+    /// The known key whose lock id is `lock_id`, if any.
+    pub fn known_key(&self, lock_id: i64) -> Option<&str> {
+        self.known.get(&lock_id).map(String::as_str)
+    }
+
+    /// Every single-`bigint` advisory lock of the database that is held or awaited, ordered
+    /// by `(classid, objid)`: one report per lock, its holders by [`since`](Session::since)
+    /// (earliest first), its waiters in queue order.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InspectionFailed`] (with no key) when the query cannot be run: no connection,
+    /// or the server refused it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the query only reads, so dropping the future leaves nothing behind.
+    pub async fn all(&self) -> Result<Vec<LockReport>> {
+        self.query(None)
+            .await
+            .map_err(|source| Error::InspectionFailed { key: None, source })
+    }
+
+    /// The holders and waiters of `key`'s lock. The report's [`key`](LockReport::key) is
+    /// `key`; both lists are empty when the lock is free.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InspectionFailed`] carrying `key` when the query cannot be run.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the query only reads, so dropping the future leaves nothing behind.
+    pub async fn key(&self, key: &str) -> Result<LockReport> {
+        let mut report = self.one(lock_id(key), Some(key)).await?;
+        report.key = Some(key.to_owned());
+        Ok(report)
+    }
+
+    /// The holders and waiters of the lock with id `lock_id`, for a lock whose key is not at
+    /// hand (an id from `pg_locks` or a log line). The report's key is the known key of that
+    /// id, if any.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InspectionFailed`] (carrying the known key, if any) when the query cannot be
+    /// run.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the query only reads, so dropping the future leaves nothing behind.
+    pub async fn by_lock_id(&self, lock_id: i64) -> Result<LockReport> {
+        self.one(lock_id, self.known_key(lock_id)).await
+    }
+
+    async fn one(&self, lock_id: i64, key: Option<&str>) -> Result<LockReport> {
+        let found = self
+            .query(Some(lock_id))
+            .await
+            .map_err(|source| Error::InspectionFailed {
+                key: key.map(str::to_owned),
+                source,
+            })?;
+        Ok(found
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| self.report(lock_id)))
+    }
+
+    async fn query(
+        &self,
+        lock_id: Option<i64>,
+    ) -> std::result::Result<Vec<LockReport>, sqlx::Error> {
+        let halves = lock_id.map(split_lock_id);
+        let rows = sqlx::query(REPORT)
+            .bind(halves.map(|(classid, _)| i64::from(classid)))
+            .bind(halves.map(|(_, objid)| i64::from(objid)))
+            .fetch_all(&self.pool)
+            .await?;
+        let mut reports: Vec<LockReport> = Vec::new();
+        for row in &rows {
+            let id = join_lock_id(oid(row, "classid")?, oid(row, "objid")?);
+            if reports.last().is_none_or(|last| last.lock_id != id) {
+                reports.push(self.report(id));
+            }
+            let session = self.session(row)?;
+            let report = reports.last_mut().expect("pushed above");
+            if row.try_get("granted")? {
+                report.holders.push(session);
+            } else {
+                report.waiters.push(session);
+            }
+        }
+        Ok(reports)
+    }
+
+    fn report(&self, lock_id: i64) -> LockReport {
+        let (classid, objid) = split_lock_id(lock_id);
+        LockReport {
+            lock_id,
+            classid,
+            objid,
+            key: self.known_key(lock_id).map(str::to_owned),
+            holders: Vec::new(),
+            waiters: Vec::new(),
+        }
+    }
+
+    fn session(&self, row: &PgRow) -> std::result::Result<Session, sqlx::Error> {
+        let application_name: Option<String> = row.try_get("application_name")?;
+        let since: Option<DateTime<Utc>> = row.try_get("since")?;
+        let observed_at: DateTime<Utc> = row.try_get("observed_at")?;
+        let client_addr: Option<String> = row.try_get("client_addr")?;
+        let client_port: Option<i32> = row.try_get("client_port")?;
+        Ok(Session {
+            pid: row.try_get("pid")?,
+            mode: if row.try_get("shared")? {
+                LockMode::Shared
+            } else {
+                LockMode::Exclusive
+            },
+            holder_id: holder_id(self.prefix.as_deref(), application_name.as_deref()),
+            application_name,
+            client_addr: client_addr.and_then(|addr| addr.parse().ok()),
+            // -1 for a Unix-domain socket.
+            client_port: client_port.and_then(|port| u16::try_from(port).ok()),
+            backend_start: row.try_get("backend_start")?,
+            state: row.try_get("state")?,
+            since,
+            // A session that changed state after the statement started reads as zero.
+            held_or_waited_for: since
+                .map(|since| (observed_at - since).to_std().unwrap_or(Duration::ZERO)),
+        })
+    }
+}
+
+/// The holder id in `application_name`: what follows `prefix`, if anything does.
+fn holder_id(prefix: Option<&str>, application_name: Option<&str>) -> Option<String> {
+    application_name?
+        .strip_prefix(prefix?)
+        .filter(|id| !id.is_empty())
+        .map(str::to_owned)
+}
+
+/// An `oid` column, read as `int8` (sqlx has no unsigned integers).
+fn oid(row: &PgRow, column: &str) -> std::result::Result<u32, sqlx::Error> {
+    let value: i64 = row.try_get(column)?;
+    u32::try_from(value).map_err(|err| sqlx::Error::Decode(Box::new(err)))
+}
+
+/// The lock id whose `pg_locks` halves are `classid` and `objid`: the inverse of
+/// [`split_lock_id`].
+fn join_lock_id(classid: u32, objid: u32) -> i64 {
+    ((u64::from(classid) << 32) | u64::from(objid)) as i64
+}
+
+/// One advisory lock: who holds it and who waits for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockReport {
+    /// The lock id, as [`lock_id`] derives it from a key.
+    pub lock_id: i64,
+    /// The high 32 bits of the lock id: `pg_locks.classid`.
+    pub classid: u32,
+    /// The low 32 bits of the lock id: `pg_locks.objid`.
+    pub objid: u32,
+    /// The key, when the caller named it or knew it (see [`Inspector::known_keys`]).
+    pub key: Option<String>,
+    /// The sessions that hold the lock: one, or any number of sharers. One session holding the
+    /// lock in both modes is listed once per mode.
+    pub holders: Vec<Session>,
+    /// The sessions waiting for the lock, first in the queue first.
+    pub waiters: Vec<Session>,
+}
+
+impl LockReport {
+    /// True when nobody holds or waits for the lock.
+    pub fn is_free(&self) -> bool {
+        self.holders.is_empty() && self.waiters.is_empty()
+    }
+}
+
+/// A session holding or waiting for a lock, as `pg_locks` and `pg_stat_activity` show it.
+///
+/// The `pg_stat_activity` fields are `None` when the session has no row there (it has just
+/// ended) or the inspecting role may not see them (see the [module documentation](self)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Session {
+    /// The server process id (`pg_backend_pid()` of the session); `None` for a lock held by a
+    /// prepared transaction, which has no process.
+    pub pid: Option<i32>,
+    /// The mode held, or waited for.
+    pub mode: LockMode,
+    /// The session's `application_name`.
+    pub application_name: Option<String>,
+    /// The holder id parsed out of the application name, when it starts with the inspector's
+    /// prefix: set for sessions of [`PostgresLockManager`](crate::PostgresLockManager) (with
+    /// tagging on), `None` for others.
+    pub holder_id: Option<String>,
+    /// The client's IP address; `None` for a Unix-domain socket connection.
+    pub client_addr: Option<IpAddr>,
+    /// The client's TCP port; `None` for a Unix-domain socket connection.
+    pub client_port: Option<u16>,
+    /// When the session (its server process) started.
+    pub backend_start: Option<DateTime<Utc>>,
+    /// `pg_stat_activity.state`: `idle`, `active`, `idle in transaction`, ...
+    pub state: Option<String>,
+    /// For a waiter, when it began to wait; for a holder, a moment at or after the grant (see
+    /// the [module documentation](self#held-for-waited-for)).
+    pub since: Option<DateTime<Utc>>,
+    /// How long the session has waited (exact), or held the lock (a lower bound, exact to
+    /// within a statement for pglock's sessions), up to the inspection.
+    pub held_or_waited_for: Option<Duration>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holder_ids_are_what_follows_the_prefix() {
+        let parse = |app: &str| holder_id(Some("pglock:"), Some(app));
+        assert_eq!(parse("pglock:worker-1").as_deref(), Some("worker-1"));
+        assert_eq!(parse("pglock:a:b").as_deref(), Some("a:b"));
+        assert_eq!(parse("pglock:"), None, "an empty id is no id");
+        assert_eq!(parse("psql"), None);
+        assert_eq!(parse("app:pglock-monitor"), None);
+        assert_eq!(holder_id(Some("lk/"), Some("lk/w")).as_deref(), Some("w"));
+        assert_eq!(holder_id(None, Some("pglock:w")), None);
+        assert_eq!(holder_id(Some("pglock:"), None), None);
+    }
+
+    #[test]
+    fn lock_ids_survive_the_round_trip_through_pg_locks_halves() {
+        for id in [0, 1, i64::MAX, i64::MIN, -1, lock_id("alpha"), 1 << 32] {
+            let (classid, objid) = split_lock_id(id);
+            assert_eq!(join_lock_id(classid, objid), id, "{id}");
+        }
+    }
+}
