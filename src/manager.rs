@@ -66,6 +66,23 @@ pub trait LockManager: Send + Sync + fmt::Debug {
     /// # Cancel safety
     ///
     /// Must be cancel safe: if the future is dropped, the lock is either not taken or released.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use pglock::{InMemoryLockManager, LockManager};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
+    /// let locks = InMemoryLockManager::new();
+    /// let guard = locks.acquire("rebuild:orders", Some(Duration::from_secs(2))).await?;
+    /// assert_eq!(guard.key, "rebuild:orders");
+    /// // A second acquisition of the same key waits for the first, here until its deadline.
+    /// let err = locks.acquire("rebuild:orders", Some(Duration::from_millis(10))).await.unwrap_err();
+    /// assert!(err.is_timeout());
+    /// assert!(guard.release().await?);
+    /// # Ok(()) }
+    /// ```
     async fn acquire(&self, key: &str, timeout: Option<Duration>) -> Result<LockGuard>;
 
     /// Takes the lock on `key` if it is free right now, without waiting.
@@ -81,6 +98,21 @@ pub trait LockManager: Send + Sync + fmt::Debug {
     /// # Cancel safety
     ///
     /// Must be cancel safe: if the future is dropped, the lock is either not taken or released.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pglock::{InMemoryLockManager, LockManager};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
+    /// let locks = InMemoryLockManager::new();
+    /// if let Some(info) = locks.try_acquire("job:nightly").await? {
+    ///     assert!(locks.try_acquire("job:nightly").await?.is_none(), "held, even by us");
+    ///     // ... the job ...
+    ///     locks.release(&info.key).await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
     async fn try_acquire(&self, key: &str) -> Result<Option<LockInfo>>;
 
     /// Waits for `key` in [shared mode](crate::LockMode::Shared) and returns a guard for it.
@@ -145,6 +177,20 @@ pub trait LockManager: Send + Sync + fmt::Debug {
     ///
     /// Must be cancel safe: locks the registry has already forgotten are released even if the
     /// future is dropped.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pglock::{InMemoryLockManager, LockManager};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
+    /// let locks = InMemoryLockManager::new();
+    /// locks.try_acquire("a").await?;
+    /// let guard = locks.acquire("b", None).await?;
+    /// assert_eq!(locks.release_all().await?, 2);
+    /// assert!(!guard.release().await?, "the guard's lock was released already");
+    /// # Ok(()) }
+    /// ```
     async fn release_all(&self) -> Result<usize>;
 
     /// True when this manager holds `key`.
