@@ -56,8 +56,7 @@ impl InMemoryLockManager {
             holder_id: None,
             tracing: true,
             server: None,
-            #[cfg(feature = "metrics")]
-            meter: None,
+            meter: Default::default(),
             hook: None,
         }
     }
@@ -120,8 +119,7 @@ pub struct InMemoryLockManagerBuilder {
     holder_id: Option<String>,
     tracing: bool,
     server: Option<InMemoryLockServer>,
-    #[cfg(feature = "metrics")]
-    meter: Option<opentelemetry::metrics::Meter>,
+    meter: crate::metrics::MeterChoice,
     hook: Option<Hook>,
 }
 
@@ -170,17 +168,8 @@ impl InMemoryLockManagerBuilder {
         let holder_id = self
             .holder_id
             .unwrap_or_else(crate::identity::default_holder_id);
-        #[cfg(feature = "metrics")]
-        let metrics = crate::metrics::Metrics::new(
-            &self
-                .meter
-                .unwrap_or_else(|| opentelemetry::global::meter("pglock")),
-            Some(&holder_id),
-        );
-        #[cfg(not(feature = "metrics"))]
-        let metrics = crate::metrics::Metrics::default();
         let options = Options {
-            metrics,
+            metrics: crate::metrics::Metrics::build(self.meter, &holder_id),
             holder_id: Some(holder_id),
             tracing: self.tracing,
             hook: self.hook,

@@ -21,9 +21,33 @@ struct Instruments {
     holder: opentelemetry::KeyValue,
 }
 
+/// What a builder was given to record metrics with: a meter (or none, for the global one), or
+/// nothing at all without the `metrics` feature.
+#[cfg(feature = "metrics")]
+pub(crate) type MeterChoice = Option<opentelemetry::metrics::Meter>;
+#[cfg(not(feature = "metrics"))]
+pub(crate) type MeterChoice = NoMeter;
+
+/// Stands in for a meter without the `metrics` feature.
+#[cfg(not(feature = "metrics"))]
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct NoMeter;
+
 impl Metrics {
+    /// The instruments of a manager whose holder id is `holder_id`.
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn build(meter: MeterChoice, holder_id: &str) -> Self {
+        #[cfg(feature = "metrics")]
+        return Self::new(
+            &meter.unwrap_or_else(|| opentelemetry::global::meter("pglock")),
+            Some(holder_id),
+        );
+        #[cfg(not(feature = "metrics"))]
+        Self::default()
+    }
+
     #[cfg(feature = "metrics")]
-    pub(crate) fn new(meter: &opentelemetry::metrics::Meter, holder_id: Option<&str>) -> Self {
+    fn new(meter: &opentelemetry::metrics::Meter, holder_id: Option<&str>) -> Self {
         use crate::telemetry::metrics as names;
         let instruments = Instruments {
             wait: meter

@@ -121,8 +121,7 @@ impl PostgresLockManager {
             probe_grace: Duration::from_secs(2),
             handoff: Some(HandoffLimits::DEFAULT),
             idle_sessions: (usize::MAX, Duration::from_millis(250)),
-            #[cfg(feature = "metrics")]
-            meter: None,
+            meter: Default::default(),
             hook: None,
         }
     }
@@ -176,8 +175,7 @@ pub struct PostgresLockManagerBuilder {
     probe_grace: Duration,
     handoff: Option<HandoffLimits>,
     idle_sessions: (usize, Duration),
-    #[cfg(feature = "metrics")]
-    meter: Option<opentelemetry::metrics::Meter>,
+    meter: crate::metrics::MeterChoice,
     hook: Option<Hook>,
 }
 
@@ -331,17 +329,8 @@ impl PostgresLockManagerBuilder {
             monitor_running: AtomicBool::new(false),
             idle: IdleSessions::new(self.idle_sessions.0, self.idle_sessions.1),
         };
-        #[cfg(feature = "metrics")]
-        let metrics = crate::metrics::Metrics::new(
-            &self
-                .meter
-                .unwrap_or_else(|| opentelemetry::global::meter("pglock")),
-            Some(&holder_id),
-        );
-        #[cfg(not(feature = "metrics"))]
-        let metrics = crate::metrics::Metrics::default();
         let options = Options {
-            metrics,
+            metrics: crate::metrics::Metrics::build(self.meter, &holder_id),
             holder_id: Some(holder_id),
             tracing: self.tracing,
             hook: self.hook,
