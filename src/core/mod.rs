@@ -506,7 +506,18 @@ impl<B: Backend> Core<B> {
     /// session is closed (never pooled), its signal fires and the next local waiter may start.
     /// Returns false when that acquisition is no longer registered.
     pub(crate) async fn declare_lost(&self, key: &str, generation: u64, cause: LossCause) -> bool {
-        let Some(held) = self.forget_generation(key, generation).await else {
+        let held = {
+            let mut state = self.state.lock().await;
+            let held = state.take_generation(key, generation);
+            self.set_held(state.held.len());
+            // Fire the signal before the registry lock is released: whoever finds the entry
+            // gone (a guard's release, an election's check) then also finds it lost.
+            if let Some(held) = &held {
+                held.signal.declare(cause.clone());
+            }
+            held
+        };
+        let Some(held) = held else {
             return false;
         };
         if self.tracing {
@@ -522,7 +533,6 @@ impl<B: Backend> Core<B> {
             tracing::warn!(parent: &span, %cause, "lock lost");
         }
         self.metrics.lost(&cause);
-        held.signal.declare(cause);
         // Dropping the entry closes its session (it is not known clean) and ends the turn.
         drop(held);
         true
