@@ -13,6 +13,7 @@
 //! | [`InMemoryLockManager`] | The same contract inside one process, for your unit tests. |
 //! | [`LockGuard`] | Proof that a lock is held; release it with [`LockGuard::release`], or drop it. |
 //! | [`LockInfo`] | What was acquired: key, lock id, time, holder id. |
+//! | [`LeaderElection`] | Leader election on any [`LockManager`]: a campaign, leadership as a `watch`, leader work cancelled when the lock is lost, graceful `resign`. |
 //! | [`lock_id`], [`migration_lock_key`] | The frozen key-to-lock-id derivation, shared bit for bit with the Python original. |
 //! | [`Error`], [`Result`] | The one error type of the crate. |
 //! | [`telemetry`] | Span and field names emitted through `tracing`. |
@@ -71,6 +72,7 @@ mod guard;
 mod identity;
 mod info;
 mod key;
+mod leader;
 mod loss;
 mod manager;
 mod memory;
@@ -91,6 +93,7 @@ pub use crate::key::{
     CUTOVER_OPERATION, MIGRATION_OPERATION, lock_id, migration_key, migration_lock_key,
     split_lock_id,
 };
+pub use crate::leader::{LeaderElection, LeaderElectionBuilder, Leadership};
 pub use crate::loss::{LossCause, LossSignal};
 pub use crate::manager::LockManager;
 pub use crate::memory::{InMemoryLockManager, InMemoryLockManagerBuilder, InMemoryLockServer};
