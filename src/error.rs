@@ -332,6 +332,15 @@ pub enum Error {
         #[source]
         source: sqlx::Error,
     },
+
+    /// A [`LeaderElection`](crate::LeaderElection) was asked to lead after it stopped
+    /// campaigning, or stopped while its leader work ran: it resigned, or its campaign ended
+    /// with the runtime.
+    #[error("Leader election on '{key}' has stopped campaigning")]
+    ElectionStopped {
+        /// The election's lock key, `leader:{name}`.
+        key: String,
+    },
 }
 
 impl Error {
@@ -343,7 +352,8 @@ impl Error {
             | Error::PoolExhausted { key, .. }
             | Error::Connection { key, .. }
             | Error::ReleaseFailed { key, .. }
-            | Error::LockLost { key, .. } => Some(key),
+            | Error::LockLost { key, .. }
+            | Error::ElectionStopped { key } => Some(key),
             Error::InvalidIdentifier { .. } => None,
             Error::InspectionFailed { key, .. } => key.as_deref(),
             #[cfg(feature = "migration")]

@@ -16,6 +16,7 @@
 //! | [`LockInfo`], [`LockMode`] | What was acquired: key, lock id, time, holder id, fencing token, mode. |
 //! | [`LossSignal`], [`LossCause`] | How a holder learns that its lock was lost, and why. |
 //! | [`FencingTable`] | Where [`PostgresLockManager`] keeps fencing tokens. |
+//! | [`LeaderElection`] | Leader election on any [`LockManager`]: a campaign, leadership as a `watch`, leader work cancelled when the lock is lost, graceful `resign`. |
 //! | [`lock_id`], [`migration_lock_key`] | The frozen key-to-lock-id derivation, shared bit for bit with the Python original. |
 //! | [`Error`], [`Result`] | The one error type of the crate. |
 //! | [`telemetry`] | Span, field and metric names. |
@@ -88,6 +89,7 @@ mod identity;
 mod info;
 pub mod inspect;
 mod key;
+mod leader;
 mod loss;
 mod manager;
 mod memory;
@@ -109,6 +111,7 @@ pub use crate::key::{
     CUTOVER_OPERATION, MIGRATION_OPERATION, lock_id, migration_key, migration_lock_key,
     split_lock_id,
 };
+pub use crate::leader::{LeaderElection, LeaderElectionBuilder, Leadership};
 pub use crate::loss::{LossCause, LossSignal};
 pub use crate::manager::LockManager;
 pub use crate::memory::{InMemoryLockManager, InMemoryLockManagerBuilder, InMemoryLockServer};

@@ -109,3 +109,43 @@ pub mod metrics {
     /// `try_acquire` and `try_acquire_shared`.
     pub const TRY_ACQUIRE: &str = "try_acquire";
 }
+
+/// Names of the spans and fields emitted by [`LeaderElection`](crate::LeaderElection).
+///
+/// | span | covers | fields |
+/// | --- | --- | --- |
+/// | [`TERM_SPAN`](crate::telemetry::leader::TERM_SPAN) | one leadership term, from the acquisition to the step-down | [`KEY`], [`LOCK_ID`], [`HOLDER_ID`], [`FENCING_TOKEN`](crate::telemetry::leader::FENCING_TOKEN), [`OUTCOME`](crate::telemetry::leader::OUTCOME), [`CAUSE`] (when lost), [`TERM_MS`](crate::telemetry::leader::TERM_MS) |
+///
+/// Inside the term span: an `INFO` event `became leader` when it opens, and at its end an
+/// `INFO` event `resigned` or a `WARN` event `leadership lost`. A term that ends without the
+/// election's consent (lost, or released through the manager), or whose final release was not
+/// confirmed, sets `otel.status_code = ERROR`. The lock manager's release span
+/// nests inside the term span. A failed campaign attempt (database unreachable) is a `WARN`
+/// event with [`KEY`] and [`HOLDER_ID`], outside any term. Attempts that find the lock held emit
+/// nothing here; the manager's own [`ACQUIRE_SPAN`] (outcome `timeout`) records each of them
+/// unless its tracing is off. Switch the election's own spans off with
+/// [`LeaderElectionBuilder::tracing`](crate::LeaderElectionBuilder::tracing).
+pub mod leader {
+    /// Span around one leadership term (`INFO`; `ERROR` status when the term ends in a loss).
+    pub const TERM_SPAN: &str = "pglock.leader.term";
+
+    /// Field: the fencing token of the term's acquisition, when the manager mints them.
+    pub const FENCING_TOKEN: &str = "pglock.leader.fencing_token";
+    /// Field: how the term ended; one of the [`outcome`] values.
+    pub const OUTCOME: &str = "pglock.leader.outcome";
+    /// Field: how long the term lasted, in milliseconds.
+    pub const TERM_MS: &str = "pglock.leader.term_ms";
+
+    /// Values of the [`OUTCOME`] field.
+    pub mod outcome {
+        /// [`LeaderElection::resign`](crate::LeaderElection::resign) released the lock.
+        pub const RESIGNED: &str = "resigned";
+        /// The election's handle was dropped, and its campaign released the lock.
+        pub const DROPPED: &str = "dropped";
+        /// The manager declared the lock lost ([`CAUSE`](crate::telemetry::CAUSE) says why).
+        pub const LOST: &str = "lost";
+        /// The lock was released through the manager (`release` or `release_all`), not by
+        /// the election.
+        pub const RELEASED_ELSEWHERE: &str = "released_elsewhere";
+    }
+}

@@ -1,0 +1,657 @@
+//! Leader election on any lock manager.
+
+use std::fmt;
+use std::future::{Future, poll_fn};
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::Poll;
+use std::time::Duration;
+
+use tokio::sync::{Mutex, OwnedRwLockReadGuard, RwLock, watch};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep};
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tracing::{Instrument, Span, field::Empty};
+
+use crate::telemetry::{self, leader as names};
+use crate::{Error, LockGuard, LockInfo, LockManager, LossCause, LossSignal, Result};
+
+/// Where a candidate stands, as published by [`LeaderElection::subscribe`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Leadership {
+    /// Not leading: campaigning, or stopped.
+    #[default]
+    Follower,
+    /// Leading, under this acquisition of the election's lock: its holder id is the
+    /// candidate's identity, its fencing token (where the manager mints them) the term's.
+    Leader(LockInfo),
+}
+
+impl Leadership {
+    /// True while leading.
+    pub fn is_leader(&self) -> bool {
+        matches!(self, Leadership::Leader(_))
+    }
+
+    /// The acquisition the candidate leads under, while it leads.
+    pub fn info(&self) -> Option<&LockInfo> {
+        match self {
+            Leadership::Leader(info) => Some(info),
+            Leadership::Follower => None,
+        }
+    }
+}
+
+/// Leader election on any [`LockManager`]: at most one candidate leads per name, among all
+/// candidates whose managers share a lock server (one PostgreSQL database, or one
+/// [`InMemoryLockServer`](crate::InMemoryLockServer)).
+///
+/// Each candidate is one `LeaderElection`, best on a lock manager of its own: a manager is one
+/// holder, so its holder id then names the candidate (two candidates on one manager still
+/// exclude each other, but show the same identity). [`start`](LeaderElectionBuilder::start)
+/// spawns a *campaign*: it tries the lock `leader:{name}` once, without waiting, and again
+/// every [`retry_interval`](LeaderElectionBuilder::retry_interval) plus a random
+/// [`jitter`](LeaderElectionBuilder::jitter) until it gets it. It then leads, holding that one
+/// lock, until one of these ends the term:
+///
+/// * the manager **declares the lock lost** (for [`PostgresLockManager`], within about its
+///   probe interval of the session dying): the candidate becomes a follower at once, its
+///   leader work is cancelled with [`Error::LockLost`], and it campaigns again after the
+///   interval;
+/// * the lock is **released through the manager** ([`LockManager::release`] or
+///   [`release_all`](LockManager::release_all)), noticed within two intervals: as for a loss,
+///   with [`Error::NotHeld`];
+/// * [`resign`](LeaderElection::resign) or **dropping the handle**: leader work is cancelled
+///   (with [`Error::ElectionStopped`]) and dropped, *then* the lock is released, so the next
+///   leader never overlaps this one's work; the campaign stops.
+///
+/// While leading, the campaign never asks the manager for the lock again: it holds exactly
+/// one guard, so a lock is never stacked (on PostgreSQL, where advisory locks are re-entrant
+/// per session, re-locking to "renew" would leave the lock held after one unlock).
+///
+/// Leadership is published as a [`watch`] channel ([`subscribe`](LeaderElection::subscribe))
+/// whose value is the term's [`LockInfo`]: the candidate's identity is its
+/// [`holder_id`](LockInfo::holder_id) (the manager's, by default
+/// `{host}:{pid}:{16 random hex digits}`, unique per process and per manager), and its
+/// [`fencing_token`](LockInfo::fencing_token) is the term's. Carry the token with every write
+/// the leader makes and have the resource reject lower ones: a deposed leader that has not yet
+/// heard of its loss can then no longer overwrite its successor's work.
+///
+/// [`PostgresLockManager`]: crate::PostgresLockManager
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use pglock::{InMemoryLockManager, InMemoryLockServer, LeaderElection};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
+/// let server = InMemoryLockServer::new();
+/// let candidate = |id: &str| {
+///     let locks = InMemoryLockManager::builder().server(&server).holder_id(id).build();
+///     LeaderElection::builder(Arc::new(locks), "billing")
+///         .retry_interval(Duration::from_millis(100))
+///         .start()
+/// };
+/// let (a, b) = (candidate("a"), candidate("b"));
+///
+/// let leader = a.wait_for_leadership().await?;
+/// assert_eq!(leader.holder_id.as_deref(), Some("a"));
+/// assert!(!b.is_leader());
+///
+/// // Leader-only work gets the term's lock info, fencing token included.
+/// let token = a.run_as_leader(|info| async move { info.fencing_token }).await?;
+/// assert_eq!(token, Some(1));
+///
+/// assert!(a.resign().await?);
+/// let next = b.wait_for_leadership().await?;
+/// assert_eq!((next.holder_id.as_deref(), next.fencing_token), (Some("b"), Some(2)));
+/// # Ok(()) }
+/// ```
+pub struct LeaderElection {
+    key: String,
+    manager: Arc<dyn LockManager>,
+    leadership: watch::Receiver<Leadership>,
+    terms: watch::Receiver<Option<Arc<Term>>>,
+    stop: CancellationToken,
+    resigned: Arc<AtomicBool>,
+    campaign: Mutex<Option<JoinHandle<Result<bool>>>>,
+    // Dropping the handle stops the campaign, which then releases the lock.
+    _stop_on_drop: DropGuard,
+}
+
+impl LeaderElection {
+    /// Configures a candidate for the leadership called `name`, campaigning through `manager`
+    /// for the lock `leader:{name}`.
+    pub fn builder(
+        manager: Arc<dyn LockManager>,
+        name: impl Into<String>,
+    ) -> LeaderElectionBuilder {
+        LeaderElectionBuilder {
+            manager,
+            name: name.into(),
+            retry_interval: Duration::from_secs(1),
+            jitter: 0.1,
+            tracing: true,
+        }
+    }
+
+    /// The election's lock key, `leader:{name}`.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The identity this candidate campaigns with: its manager's
+    /// [`holder_id`](LockManager::holder_id), stamped on every term's [`LockInfo`].
+    pub fn holder_id(&self) -> Option<&str> {
+        self.manager.holder_id()
+    }
+
+    /// A receiver of this candidate's [`Leadership`], its current value marked seen.
+    ///
+    /// The channel closes (`changed()` returns an error) once the campaign has stopped, after
+    /// its final [`Leadership::Follower`].
+    pub fn subscribe(&self) -> watch::Receiver<Leadership> {
+        let mut receiver = self.leadership.clone();
+        receiver.mark_unchanged();
+        receiver
+    }
+
+    /// True while this candidate leads.
+    pub fn is_leader(&self) -> bool {
+        self.leadership.borrow().is_leader()
+    }
+
+    /// The acquisition this candidate leads under, while it leads.
+    pub fn leader_info(&self) -> Option<LockInfo> {
+        self.leadership.borrow().info().cloned()
+    }
+
+    /// Waits until this candidate leads and returns the term's [`LockInfo`]; at once if it
+    /// leads already.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ElectionStopped`] once the campaign has stopped
+    /// ([`resign`](LeaderElection::resign)).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only waits.
+    pub async fn wait_for_leadership(&self) -> Result<LockInfo> {
+        let (term, _lease) = self.enter_term().await?;
+        Ok(term.info.clone())
+    }
+
+    /// Waits until this candidate leads, then runs `work` as its leader, and cancels it if the
+    /// leadership ends first.
+    ///
+    /// `work` receives the term's [`LockInfo`] (identity and fencing token). If the term ends
+    /// before `work` finishes, `work`'s future is dropped at its next await point and the call
+    /// returns the reason. A `work` that finishes at the moment the term ends counts as cut
+    /// short: its exclusivity cannot be assumed. Finishing `work` does not give up the
+    /// leadership (use [`resign`](LeaderElection::resign) for that); calling `run_as_leader`
+    /// again while still leading runs the next work in the same term at once.
+    ///
+    /// A graceful end ([`resign`](LeaderElection::resign), or dropping the handle) waits for
+    /// every running `work` to be dropped before it releases the lock, so the next leader never
+    /// overlaps it; a lost lock, by definition, cannot wait.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::LockLost`] when the manager declared the lock lost while `work` ran;
+    /// * [`Error::NotHeld`] when the lock was released through the manager while `work` ran;
+    /// * [`Error::ElectionStopped`] when the campaign stopped before or while `work` ran.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future drops `work` (if it started) and leaves the
+    /// leadership as it was; a graceful end no longer waits for it.
+    ///
+    /// # Examples
+    ///
+    /// The usual shape: a replica's leader-only job, run whenever the replica is elected.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use pglock::{Error, InMemoryLockManager, LeaderElection, LockInfo};
+    ///
+    /// async fn rebuild_projections(info: LockInfo) {
+    ///     // ... write with `info.fencing_token`, so a deposed leader's writes are refused ...
+    /// #   std::future::pending::<()>().await
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
+    /// let election = Arc::new(
+    ///     LeaderElection::builder(Arc::new(InMemoryLockManager::new()), "projections").start(),
+    /// );
+    /// let replica = tokio::spawn({
+    ///     let election = Arc::clone(&election);
+    ///     async move {
+    ///         loop {
+    ///             match election.run_as_leader(rebuild_projections).await {
+    ///                 // Done, and still the leader; or deposed, and campaigning again.
+    ///                 Ok(()) | Err(Error::LockLost { .. }) => {}
+    ///                 // Resigned: this replica is shutting down.
+    ///                 Err(Error::ElectionStopped { .. }) => break,
+    ///                 Err(other) => return Err(other),
+    ///             }
+    ///         }
+    ///         Ok(())
+    ///     }
+    /// });
+    /// election.wait_for_leadership().await?;
+    /// assert!(election.resign().await?); // cancels the job, then releases the lock
+    /// replica.await.expect("the replica's task")?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_as_leader<F, Fut, T>(&self, work: F) -> Result<T>
+    where
+        F: FnOnce(LockInfo) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let (term, _lease) = self.enter_term().await?;
+        match first(term.over(), work(term.info.clone())).await {
+            First::Left(()) => Err(term.error(&self.key)),
+            First::Right(value) => Ok(value),
+        }
+    }
+
+    /// Stops campaigning and, if this candidate leads, cancels its leader work, waits for that
+    /// work to be dropped and releases the lock. Returns once the lock is released.
+    ///
+    /// Returns `Ok(true)` when it released a lock the candidate led under, and `Ok(false)`
+    /// when the candidate was not leading (or an earlier `resign` already reported the
+    /// release). Afterwards the candidate is a follower for good: waiting for leadership fails
+    /// with [`Error::ElectionStopped`]. Build a new election to campaign again.
+    ///
+    /// # Errors
+    ///
+    /// The errors of [`LockGuard::release`]: [`Error::LockLost`] when the lock turned out to
+    /// be lost, [`Error::ReleaseFailed`] when the release was not confirmed (the manager has
+    /// then closed the session, which frees the lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the campaign stops and releases the lock whether or not this future is
+    /// polled to completion; calling `resign` again waits for that release.
+    pub async fn resign(&self) -> Result<bool> {
+        self.resigned.store(true, Ordering::SeqCst);
+        self.stop.cancel();
+        let mut campaign = self.campaign.lock().await;
+        let Some(task) = campaign.as_mut() else {
+            return Ok(false);
+        };
+        let joined = task.await;
+        *campaign = None;
+        match joined {
+            Ok(result) => result,
+            Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+            // The runtime is shutting down: the campaign and its guard were dropped with it.
+            Err(_) => Ok(false),
+        }
+    }
+
+    /// The current term, once there is one, with a lease that a graceful end waits for.
+    async fn enter_term(&self) -> Result<(Arc<Term>, OwnedRwLockReadGuard<()>)> {
+        let mut terms = self.terms.clone();
+        loop {
+            let term = terms
+                .wait_for(|term| term.as_ref().is_some_and(|term| !term.is_over()))
+                .await
+                .map_err(|_| Error::ElectionStopped {
+                    key: self.key.clone(),
+                })?
+                .clone()
+                .expect("the predicate accepts only a term");
+            let lease = Arc::clone(&term.work).read_owned().await;
+            // The term may have ended while we queued for the lease; its work must not start.
+            if !term.is_over() {
+                return Ok((term, lease));
+            }
+        }
+    }
+}
+
+impl fmt::Debug for LeaderElection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaderElection")
+            .field("key", &self.key)
+            .field("holder_id", &self.holder_id())
+            .field("leadership", &*self.leadership.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures and starts a [`LeaderElection`].
+#[must_use = "a builder does nothing until `start` is called"]
+pub struct LeaderElectionBuilder {
+    manager: Arc<dyn LockManager>,
+    name: String,
+    retry_interval: Duration,
+    jitter: f64,
+    tracing: bool,
+}
+
+impl LeaderElectionBuilder {
+    /// How long a follower waits between two attempts, before jitter; also how often a leader
+    /// checks that its manager still holds the lock. Default: 1 second.
+    ///
+    /// With a lock manager that detects lost locks, a failover takes up to this interval (times
+    /// `1 + jitter`) after the old leader's lock is freed on the server.
+    pub fn retry_interval(mut self, interval: Duration) -> Self {
+        self.retry_interval = interval.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Adds a random extra wait of up to `fraction` × the retry interval to each follower's
+    /// wait, so candidates started together do not try in lockstep. Clamped to `0.0 ..= 1.0`.
+    /// Default: 0.1.
+    pub fn jitter(mut self, fraction: f64) -> Self {
+        self.jitter = if fraction.is_nan() {
+            0.0
+        } else {
+            fraction.clamp(0.0, 1.0)
+        };
+        self
+    }
+
+    /// Whether to emit the [`telemetry::leader`](crate::telemetry::leader) spans and events.
+    /// Default: on.
+    pub fn tracing(mut self, enabled: bool) -> Self {
+        self.tracing = enabled;
+        self
+    }
+
+    /// Spawns the campaign on the current Tokio runtime and returns its handle. The first
+    /// attempt is made at once.
+    ///
+    /// # Panics
+    ///
+    /// When called outside a Tokio runtime.
+    pub fn start(self) -> LeaderElection {
+        let key = format!("leader:{}", self.name);
+        let (leadership, leadership_rx) = watch::channel(Leadership::Follower);
+        let (terms, terms_rx) = watch::channel(None);
+        let stop = CancellationToken::new();
+        let resigned = Arc::new(AtomicBool::new(false));
+        let campaign = Campaign {
+            key: key.clone(),
+            manager: Arc::clone(&self.manager),
+            retry: self.retry_interval,
+            jitter: self.jitter,
+            tracing: self.tracing,
+            stop: stop.clone(),
+            resigned: Arc::clone(&resigned),
+            leadership,
+            terms,
+        };
+        let task = tokio::runtime::Handle::try_current()
+            .expect("LeaderElectionBuilder::start must be called within a Tokio runtime")
+            .spawn(campaign.run());
+        LeaderElection {
+            key,
+            manager: self.manager,
+            leadership: leadership_rx,
+            terms: terms_rx,
+            _stop_on_drop: stop.clone().drop_guard(),
+            stop,
+            resigned,
+            campaign: Mutex::new(Some(task)),
+        }
+    }
+}
+
+impl fmt::Debug for LeaderElectionBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaderElectionBuilder")
+            .field("name", &self.name)
+            .field("retry_interval", &self.retry_interval)
+            .field("jitter", &self.jitter)
+            .field("tracing", &self.tracing)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One leadership term, shared by the campaign and the leader work running in it.
+struct Term {
+    info: LockInfo,
+    /// The guard's: leader work stops on a loss without waiting for the campaign to notice.
+    loss: LossSignal,
+    /// Cancelled when the campaign ends the term, after `why` is set.
+    ended: CancellationToken,
+    why: OnceLock<TermEnd>,
+    /// Read-held by each running leader work; a graceful end takes it for writing, which
+    /// waits until every work has been dropped (and, tokio's lock being fair, admits no new
+    /// one meanwhile).
+    work: Arc<RwLock<()>>,
+}
+
+#[derive(Debug, Clone)]
+enum TermEnd {
+    Lost(LossCause),
+    ReleasedElsewhere,
+    Stopped,
+}
+
+impl Term {
+    fn end(&self, why: TermEnd) {
+        let _ = self.why.set(why);
+        self.ended.cancel();
+    }
+
+    fn is_over(&self) -> bool {
+        self.ended.is_cancelled() || self.loss.is_lost()
+    }
+
+    /// Completes when the term is over.
+    async fn over(&self) {
+        first(self.ended.cancelled(), self.loss.lost()).await;
+    }
+
+    /// Why the term is over, for the leader work it cut short.
+    fn error(&self, key: &str) -> Error {
+        let key = key.to_owned();
+        if let Some(cause) = self.loss.cause() {
+            return Error::LockLost { key, cause };
+        }
+        match self.why.get() {
+            Some(TermEnd::ReleasedElsewhere) => Error::NotHeld { key },
+            Some(TermEnd::Lost(cause)) => Error::LockLost {
+                key,
+                cause: cause.clone(),
+            },
+            Some(TermEnd::Stopped) | None => Error::ElectionStopped { key },
+        }
+    }
+
+    async fn drained(&self) {
+        drop(self.work.write().await);
+    }
+}
+
+/// The campaign task's state; it owns the only senders, so the channels close when it ends.
+struct Campaign {
+    key: String,
+    manager: Arc<dyn LockManager>,
+    retry: Duration,
+    jitter: f64,
+    tracing: bool,
+    stop: CancellationToken,
+    resigned: Arc<AtomicBool>,
+    leadership: watch::Sender<Leadership>,
+    terms: watch::Sender<Option<Arc<Term>>>,
+}
+
+impl Campaign {
+    /// Campaigns until stopped; the result is the final release's.
+    async fn run(self) -> Result<bool> {
+        loop {
+            // An attempt in flight when the campaign stops is dropped: acquisitions are cancel
+            // safe, so it leaves nothing held.
+            let attempt = self.manager.acquire(&self.key, Some(Duration::ZERO));
+            match first(self.stop.cancelled(), attempt).await {
+                First::Left(()) => return Ok(false),
+                First::Right(Ok(guard)) => {
+                    if let Some(released) = self.lead(guard).await {
+                        return released;
+                    }
+                }
+                First::Right(Err(err)) if err.is_timeout() => {} // someone else leads
+                First::Right(Err(err)) => {
+                    if self.tracing {
+                        tracing::warn!(
+                            { telemetry::KEY } = %self.key,
+                            { telemetry::HOLDER_ID } = self.manager.holder_id(),
+                            error = %err,
+                            "leader election attempt failed; retrying",
+                        );
+                    }
+                }
+            }
+            if let First::Left(()) = first(self.stop.cancelled(), sleep(self.next_wait())).await {
+                return Ok(false);
+            }
+        }
+    }
+
+    /// Leads under `guard` until the term ends. `Some` carries the final release's result
+    /// when the campaign must stop; `None` means campaign again.
+    async fn lead(&self, guard: LockGuard) -> Option<Result<bool>> {
+        let info = guard.info().clone();
+        let span = self.term_span(&info);
+        let started = Instant::now();
+        let term = Arc::new(Term {
+            info: info.clone(),
+            loss: guard.loss_signal().clone(),
+            ended: CancellationToken::new(),
+            why: OnceLock::new(),
+            work: Arc::new(RwLock::new(())),
+        });
+        self.terms.send_replace(Some(Arc::clone(&term)));
+        self.leadership.send_replace(Leadership::Leader(info));
+        if self.tracing {
+            tracing::info!(parent: &span, "became leader");
+        }
+
+        // Wait for the end of the term. Never acquire again here: one guard, one lock.
+        let mut missing = false;
+        let end = loop {
+            let ticked = first(guard.lost(), sleep(self.retry));
+            match first(self.stop.cancelled(), ticked).await {
+                First::Left(()) => break TermEnd::Stopped,
+                First::Right(First::Left(cause)) => break TermEnd::Lost(cause),
+                First::Right(First::Right(())) => {
+                    // Released through the manager: out of its registry at two checks in a
+                    // row, with no loss declared (a loss leaves the registry a moment before
+                    // its signal fires, so one check could mistake it for a release).
+                    let held = self.manager.is_held(&self.key).await;
+                    if !held && missing {
+                        break TermEnd::ReleasedElsewhere;
+                    }
+                    missing = !held;
+                }
+            }
+        };
+
+        // Step down before anything else: no one may act on this term any more.
+        term.end(end.clone());
+        self.terms.send_replace(None);
+        self.leadership.send_replace(Leadership::Follower);
+        span.record(names::TERM_MS, started.elapsed().as_secs_f64() * 1000.0);
+
+        match &end {
+            TermEnd::Lost(cause) => {
+                span.record(names::OUTCOME, names::outcome::LOST);
+                span.record(telemetry::CAUSE, tracing::field::display(cause));
+                span.record("otel.status_code", "ERROR");
+                if self.tracing {
+                    tracing::warn!(parent: &span, %cause, "leadership lost");
+                }
+            }
+            TermEnd::ReleasedElsewhere => {
+                span.record(names::OUTCOME, names::outcome::RELEASED_ELSEWHERE);
+                span.record("otel.status_code", "ERROR");
+                if self.tracing {
+                    let reason = "the lock was released through the manager";
+                    tracing::warn!(parent: &span, reason, "leadership lost");
+                }
+            }
+            TermEnd::Stopped => {}
+        }
+        if !matches!(end, TermEnd::Stopped) {
+            // The lock is gone already: nothing to release. Let the old term's work finish
+            // dropping before a new term can start one.
+            drop(guard);
+            return match first(self.stop.cancelled(), term.drained()).await {
+                First::Left(()) => Some(Ok(false)),
+                First::Right(()) => None,
+            };
+        }
+
+        // Graceful: the leader work is gone before the lock is, so a successor never overlaps it.
+        term.drained().instrument(span.clone()).await;
+        let released = guard.release().instrument(span.clone()).await;
+        let how = if self.resigned.load(Ordering::SeqCst) {
+            names::outcome::RESIGNED
+        } else {
+            names::outcome::DROPPED
+        };
+        span.record(names::OUTCOME, how);
+        if let Err(err) = &released {
+            span.record("otel.status_code", "ERROR");
+            if self.tracing {
+                tracing::warn!(parent: &span, error = %err, "resigned, release unconfirmed");
+            }
+        } else if self.tracing {
+            tracing::info!(parent: &span, "resigned");
+        }
+        Some(released)
+    }
+
+    fn term_span(&self, info: &LockInfo) -> Span {
+        if !self.tracing {
+            return Span::none();
+        }
+        tracing::info_span!(
+            names::TERM_SPAN,
+            { telemetry::KEY } = %self.key,
+            { telemetry::LOCK_ID } = info.lock_id,
+            { telemetry::HOLDER_ID } = info.holder_id.as_deref(),
+            { names::FENCING_TOKEN } = info.fencing_token,
+            { names::OUTCOME } = Empty,
+            { telemetry::CAUSE } = Empty,
+            { names::TERM_MS } = Empty,
+            otel.status_code = Empty,
+        )
+    }
+
+    /// The retry interval plus a random share of the jitter.
+    fn next_wait(&self) -> Duration {
+        // 53 random bits make a uniform f64 in [0, 1).
+        let random = (uuid::Uuid::new_v4().as_u64_pair().0 >> 11) as f64 / (1u64 << 53) as f64;
+        self.retry.mul_f64(1.0 + self.jitter * random)
+    }
+}
+
+/// Which of two futures finished first.
+enum First<A, B> {
+    Left(A),
+    Right(B),
+}
+
+/// Polls `left`, then `right`, until one of them finishes, and drops the other. Biased towards
+/// `left`, so an end or a stop wins over work that completes at the same moment.
+async fn first<A: Future, B: Future>(left: A, right: B) -> First<A::Output, B::Output> {
+    let (mut left, mut right) = (pin!(left), pin!(right));
+    poll_fn(|cx| {
+        if let Poll::Ready(value) = left.as_mut().poll(cx) {
+            return Poll::Ready(First::Left(value));
+        }
+        right.as_mut().poll(cx).map(First::Right)
+    })
+    .await
+}
