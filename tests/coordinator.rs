@@ -426,28 +426,7 @@ async fn trigger_cutover_checks_come_first_and_write_nothing(backend: Backend) {
     );
 }
 
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::Backend::Memory).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::Backend::Postgres).await
-                }
-            )*
-        }
-    };
-}
-
-on_both_backends!(
+common::on_both_backends!(
     starting_listing_and_status,
     bulk_copy_resumes_after_a_failure_and_switches_to_dual_writes,
     a_paused_bulk_copy_stops_and_resumes,

@@ -649,28 +649,7 @@ async fn duration_includes_the_lock_wait(backend: Backend) {
     assert!(!result.within_timeout());
 }
 
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::Backend::Memory).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::Backend::Postgres).await
-                }
-            )*
-        }
-    };
-}
-
-on_both_backends!(
+common::on_both_backends!(
     c1_happy_path,
     c2_lock_held_elsewhere,
     c3_lag_too_high,

@@ -208,28 +208,7 @@ async fn an_interrupted_cutover_is_repaired_by_the_next_one(backend: Backend) {
     );
 }
 
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::Backend::Memory).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::Backend::Postgres).await
-                }
-            )*
-        }
-    };
-}
-
-on_both_backends!(
+common::on_both_backends!(
     dropped_mid_cutover_is_rolled_back_before_the_lock_is_released,
     dropped_before_entering_cutover_changes_nothing,
     an_interrupted_cutover_is_repaired_by_the_next_one,

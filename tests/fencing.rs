@@ -277,28 +277,7 @@ async fn a_cutover_that_lost_its_lock_cannot_switch(backend: Backend) {
     );
 }
 
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::Backend::Memory).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::Backend::Postgres).await
-                }
-            )*
-        }
-    };
-}
-
-on_both_backends!(
+common::on_both_backends!(
     the_routing_row_refuses_a_stale_token,
     a_stale_token_refuses_the_whole_transition,
     the_cutover_carries_its_fencing_token,

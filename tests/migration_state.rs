@@ -462,28 +462,7 @@ async fn a_migration_starts_only_from_the_tenants_store(backend: Backend) {
     assert!(h.store.list_active_migrations().await.unwrap().is_empty());
 }
 
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::Backend::Memory).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::Backend::Postgres).await
-                }
-            )*
-        }
-    };
-}
-
-on_both_backends!(
+common::on_both_backends!(
     a_new_migration_is_pending_and_owns_its_tenants_routing,
     a_tenant_has_at_most_one_active_migration,
     phase_changes_are_compare_and_set_with_typed_errors,
