@@ -4,67 +4,15 @@
 
 mod common;
 
+use common::otel::Capture;
+
 use common::migration::{Harness, TestLag, TestStores, coordinator};
 use opentelemetry::Value;
-use opentelemetry::trace::{Status, TracerProvider as _};
-use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+use opentelemetry::trace::Status;
+use opentelemetry_sdk::trace::SpanData;
 use pglock::migration::telemetry::{self, outcome};
 use pglock::migration::{CutoverManager, MigrationConfig};
-use tracing::subscriber::DefaultGuard;
-use tracing_subscriber::layer::SubscriberExt;
 use uuid::Uuid;
-
-/// Finished spans kept in memory, for the current thread only (so parallel tests do not see
-/// each other's spans; hence the `current_thread` runtimes, which also run the spawned
-/// rollback of a dropped cutover on this thread).
-struct Capture {
-    exporter: InMemorySpanExporter,
-    _provider: SdkTracerProvider,
-    _subscriber: DefaultGuard,
-}
-
-impl Capture {
-    fn install() -> Self {
-        let exporter = InMemorySpanExporter::default();
-        let provider = SdkTracerProvider::builder()
-            .with_simple_exporter(exporter.clone())
-            .build();
-        let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("migration-tests"));
-        let subscriber =
-            tracing::subscriber::set_default(tracing_subscriber::registry().with(layer));
-        Capture {
-            exporter,
-            _provider: provider,
-            _subscriber: subscriber,
-        }
-    }
-
-    /// The one finished span named `name`.
-    fn only(&self, name: &str) -> SpanData {
-        let mut spans: Vec<SpanData> = self
-            .exporter
-            .get_finished_spans()
-            .unwrap()
-            .into_iter()
-            .filter(|span| span.name == name)
-            .collect();
-        assert_eq!(spans.len(), 1, "expected one {name} span: {spans:#?}");
-        spans.pop().unwrap()
-    }
-
-    fn count(&self, name: &str) -> usize {
-        self.exporter
-            .get_finished_spans()
-            .unwrap()
-            .iter()
-            .filter(|span| span.name == name)
-            .count()
-    }
-
-    fn reset(&self) {
-        self.exporter.reset();
-    }
-}
 
 fn attr<'a>(span: &'a SpanData, key: &str) -> Option<&'a Value> {
     let mut values = span

@@ -3,54 +3,16 @@
 
 mod common;
 
+use common::otel::Capture;
+
 use std::time::Duration;
 
 use opentelemetry::Value;
-use opentelemetry::trace::{SpanId, Status, TracerProvider as _};
-use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+use opentelemetry::trace::{SpanId, Status};
+use opentelemetry_sdk::trace::SpanData;
 use pglock::telemetry::{self, outcome, via};
 use pglock::{LockManager, PostgresLockManager, lock_id};
 use tracing::Instrument;
-use tracing::subscriber::DefaultGuard;
-use tracing_subscriber::layer::SubscriberExt;
-
-/// An OpenTelemetry pipeline that keeps finished spans in memory, installed as the `tracing`
-/// subscriber of the current thread only.
-///
-/// Thread-local (`set_default`) rather than global, so tests running in parallel in this binary
-/// each see only their own spans. This needs the `current_thread` runtime: a dropped guard's
-/// release span is emitted by a task pglock spawns, and that task must run on this thread to
-/// reach this subscriber.
-struct Capture {
-    exporter: InMemorySpanExporter,
-    // Dropping the provider shuts the exporter down, which discards its spans: keep it alive.
-    _provider: SdkTracerProvider,
-    _subscriber: DefaultGuard,
-}
-
-impl Capture {
-    fn install() -> Self {
-        let exporter = InMemorySpanExporter::default();
-        // The simple processor exports every span synchronously as it ends.
-        let provider = SdkTracerProvider::builder()
-            .with_simple_exporter(exporter.clone())
-            .build();
-        let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("pglock-tests"));
-        let subscriber =
-            tracing::subscriber::set_default(tracing_subscriber::registry().with(layer));
-        Capture {
-            exporter,
-            _provider: provider,
-            _subscriber: subscriber,
-        }
-    }
-
-    fn finished_spans(&self) -> Vec<SpanData> {
-        self.exporter
-            .get_finished_spans()
-            .expect("the in-memory exporter hands out its spans")
-    }
-}
 
 /// The value of attribute `key`, asserting it was recorded at most once.
 fn attr<'a>(span: &'a SpanData, key: &str) -> Option<&'a Value> {

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod otel;
 pub mod proxy;
 
 use std::future::Future;
