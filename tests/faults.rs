@@ -34,6 +34,22 @@ fn watched(pool: PgPool) -> PostgresLockManager {
         .build()
 }
 
+/// A private server with `setting` applied server-wide (`ALTER SYSTEM`, then a reload), and an
+/// admin pool on it. Sessions opened afterwards pick the setting up.
+async fn configured_server(setting: &str) -> (TempPostgres, PgPool) {
+    let server = private_server();
+    let admin = connect(&server.url(), true).await;
+    sqlx::query(sqlx::AssertSqlSafe(format!("ALTER SYSTEM SET {setting}")))
+        .execute(&admin)
+        .await
+        .expect("configure");
+    sqlx::query("SELECT pg_reload_conf()")
+        .execute(&admin)
+        .await
+        .expect("reload");
+    (server, admin)
+}
+
 async fn connect(url: &str, test_before_acquire: bool) -> PgPool {
     PgPoolOptions::new()
         .max_connections(4)
@@ -169,16 +185,7 @@ async fn a_network_blackhole_is_reported_within_interval_and_grace() {
 
 #[tokio::test]
 async fn idle_session_timeout_kills_are_reported_as_lost() {
-    let server = private_server();
-    let admin = connect(&server.url(), true).await;
-    sqlx::query("ALTER SYSTEM SET idle_session_timeout = '400ms'")
-        .execute(&admin)
-        .await
-        .expect("configure");
-    sqlx::query("SELECT pg_reload_conf()")
-        .execute(&admin)
-        .await
-        .expect("reload");
+    let (server, _admin) = configured_server("idle_session_timeout = '400ms'").await;
     // New sessions pick the setting up; this pool's connections are all new.
     let locks = watched(connect(&server.url(), true).await);
     let key = key("idle-session");
@@ -198,16 +205,7 @@ async fn idle_session_timeout_kills_are_reported_as_lost() {
 
 #[tokio::test]
 async fn idle_in_transaction_timeouts_never_touch_a_held_lock() {
-    let server = private_server();
-    let admin = connect(&server.url(), true).await;
-    sqlx::query("ALTER SYSTEM SET idle_in_transaction_session_timeout = '200ms'")
-        .execute(&admin)
-        .await
-        .expect("configure");
-    sqlx::query("SELECT pg_reload_conf()")
-        .execute(&admin)
-        .await
-        .expect("reload");
+    let (server, admin) = configured_server("idle_in_transaction_session_timeout = '200ms'").await;
     let locks = watched(connect(&server.url(), true).await);
     let key = key("idle-in-transaction");
     let guard = locks.acquire(&key, None).await.expect("acquire");
