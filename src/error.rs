@@ -10,8 +10,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in `pglock`.
 ///
-/// Every variant carries the lock key it concerns, so a log line alone says which lock failed.
-/// The enum is `#[non_exhaustive]`: match the variants you handle and keep a fallback arm.
+/// Every variant about one lock carries its key ([`key`](Error::key) returns it), so a log line
+/// alone says which lock failed. The enum is `#[non_exhaustive]`: match the variants you handle
+/// and keep a fallback arm.
 ///
 /// # What to do about each
 ///
@@ -25,6 +26,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// | [`ReleaseFailed`](Error::ReleaseFailed) | the server did not confirm the unlock | nothing to undo: the session was closed, which frees the lock on the server |
 /// | [`LockLost`](Error::LockLost) | the lock was lost while held | work done under it may have overlapped another holder's; stop, and re-check before acting on its results (fencing tokens make this safe) |
 /// | [`InspectionFailed`](Error::InspectionFailed) | [`inspect`](crate::inspect) could not read the server's lock views | the database is unreachable, or the query was refused; retry later |
+/// | [`InvalidIdentifier`](Error::InvalidIdentifier) | a configured table or schema name is unusable | fix the configuration |
+/// | [`ElectionStopped`](Error::ElectionStopped) | a [`LeaderElection`](crate::LeaderElection) was asked to lead after it stopped | start a new election |
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -99,207 +102,6 @@ pub enum Error {
         source: Option<sqlx::Error>,
     },
 
-    /// No migration has this id.
-    #[cfg(feature = "migration")]
-    #[error("Migration not found: {migration_id}")]
-    MigrationNotFound {
-        /// The id that was looked up.
-        migration_id: uuid::Uuid,
-    },
-
-    /// A phase change that the migration state machine does not allow; nothing was written.
-    ///
-    /// Displays as `Invalid phase transition: {from} -> {to}`, as the Python original does.
-    #[cfg(feature = "migration")]
-    #[error("Invalid phase transition: {from} -> {to}")]
-    InvalidPhaseTransition {
-        /// The migration.
-        migration_id: uuid::Uuid,
-        /// The phase it was asked to leave.
-        from: crate::migration::MigrationPhase,
-        /// The phase it was asked to enter.
-        to: crate::migration::MigrationPhase,
-    },
-
-    /// A compare-and-set phase change found the migration in another phase than expected:
-    /// someone else moved it in the meantime. Nothing was written.
-    #[cfg(feature = "migration")]
-    #[error(
-        "Migration {migration_id} is in {actual} phase, not {expected}: \
-         {expected} -> {to} was not applied"
-    )]
-    PhaseChanged {
-        /// The migration.
-        migration_id: uuid::Uuid,
-        /// The phase the change expected.
-        expected: crate::migration::MigrationPhase,
-        /// The phase the migration is in.
-        actual: crate::migration::MigrationPhase,
-        /// The phase the change would have moved it to.
-        to: crate::migration::MigrationPhase,
-    },
-
-    /// A cutover tried to finish or roll back a `cutover` phase that another cutover attempt
-    /// entered. Nothing was written.
-    #[cfg(feature = "migration")]
-    #[error(
-        "Migration {migration_id} belongs to cutover attempt {}, not {expected}",
-        crate::migration::or_none(.actual)
-    )]
-    StaleCutoverAttempt {
-        /// The migration.
-        migration_id: uuid::Uuid,
-        /// The attempt that tried to write.
-        expected: uuid::Uuid,
-        /// The attempt recorded on the migration.
-        actual: Option<uuid::Uuid>,
-    },
-
-    /// An operation that the migration's phase does not allow.
-    ///
-    /// Displays as `Cannot {operation}: migration is in {phase} phase`, as the Python original's
-    /// `Cannot trigger cutover: migration is in bulk_copy phase`.
-    #[cfg(feature = "migration")]
-    #[error("Cannot {operation}: migration is in {phase} phase")]
-    WrongPhase {
-        /// The migration.
-        migration_id: uuid::Uuid,
-        /// What was asked, such as `trigger cutover`.
-        operation: &'static str,
-        /// The phase it is in.
-        phase: crate::migration::MigrationPhase,
-    },
-
-    /// The tenant already has a migration in a non-terminal phase (enforced by the database).
-    #[cfg(feature = "migration")]
-    #[error(
-        "Tenant {tenant_id} already has an active migration{}",
-        crate::migration::prefixed(": ", .migration_id)
-    )]
-    ActiveMigrationExists {
-        /// The tenant.
-        tenant_id: uuid::Uuid,
-        /// The active migration, when it could be read.
-        migration_id: Option<uuid::Uuid>,
-    },
-
-    /// The tenant has no routing row.
-    #[cfg(feature = "migration")]
-    #[error("No routing configuration found for tenant {tenant_id}")]
-    RoutingNotFound {
-        /// The tenant.
-        tenant_id: uuid::Uuid,
-    },
-
-    /// A compare-and-set routing change found the routing in another state than expected.
-    /// Nothing was written.
-    #[cfg(feature = "migration")]
-    #[error("Routing of tenant {tenant_id} is {actual}, not {expected}")]
-    RoutingStateChanged {
-        /// The tenant.
-        tenant_id: uuid::Uuid,
-        /// The state the change expected.
-        expected: crate::migration::RoutingState,
-        /// The state the routing is in.
-        actual: crate::migration::RoutingState,
-    },
-
-    /// A routing change that the routing state machine does not allow; nothing was written.
-    #[cfg(feature = "migration")]
-    #[error("Invalid routing transition: {from} -> {to}")]
-    InvalidRoutingTransition {
-        /// The tenant.
-        tenant_id: uuid::Uuid,
-        /// The state it was asked to leave.
-        from: crate::migration::RoutingState,
-        /// The state it was asked to enter.
-        to: crate::migration::RoutingState,
-    },
-
-    /// The tenant is served by another store than the one a migration would move it from.
-    #[cfg(feature = "migration")]
-    #[error("Tenant {tenant_id} is served by store '{actual}', not '{expected}'")]
-    StoreMismatch {
-        /// The tenant.
-        tenant_id: uuid::Uuid,
-        /// The store the operation expected.
-        expected: String,
-        /// The store that serves the tenant.
-        actual: String,
-    },
-
-    /// The routing row was written under a newer fencing token: the writer's lock was lost and
-    /// taken by someone else since. Nothing was written.
-    #[cfg(feature = "migration")]
-    #[error(
-        "Stale fencing token {token} for tenant {tenant_id}: \
-         its routing was written with token {fence}"
-    )]
-    FenceRejected {
-        /// The tenant.
-        tenant_id: uuid::Uuid,
-        /// The token that was presented.
-        token: i64,
-        /// The newest token the row has seen.
-        fence: i64,
-    },
-
-    /// A store id that the application's store registry does not know.
-    #[cfg(feature = "migration")]
-    #[error("Target store '{store_id}' is not registered")]
-    UnknownStore {
-        /// The store id.
-        store_id: String,
-    },
-
-    /// A cutover was asked of a coordinator built without a lock manager.
-    ///
-    /// The message is the Python original's, naming this crate's manager.
-    #[cfg(feature = "migration")]
-    #[error(
-        "Cannot perform cutover: lock_manager not provided to coordinator. Provide a lock \
-         manager (e.g. PostgresLockManager) when creating the coordinator to enable cutover \
-         operations."
-    )]
-    LockManagerMissing,
-
-    /// The coordinator lacks a plug-in the operation needs.
-    ///
-    /// Displays as `No {plugin} found for migration`, as the original's
-    /// `No sync lag tracker found for migration`.
-    #[cfg(feature = "migration")]
-    #[error("No {plugin} found for migration")]
-    PluginMissing {
-        /// The migration.
-        migration_id: uuid::Uuid,
-        /// Which plug-in: `sync lag tracker` or `event copier`.
-        plugin: &'static str,
-    },
-
-    /// A plug-in of the application (copier, lag, store registry) failed.
-    #[cfg(feature = "migration")]
-    #[error("{operation} failed for migration {migration_id}: {source}")]
-    PluginFailed {
-        /// The migration.
-        migration_id: uuid::Uuid,
-        /// What was being done, such as `Bulk copy`.
-        operation: &'static str,
-        /// The plug-in's error.
-        #[source]
-        source: crate::migration::BoxError,
-    },
-
-    /// The migration store could not be read or written.
-    #[cfg(feature = "migration")]
-    #[error("Migration storage error while trying to {operation}: {source}")]
-    MigrationStorage {
-        /// What was being done, such as `apply a phase transition`.
-        operation: &'static str,
-        /// The driver error.
-        #[source]
-        source: sqlx::Error,
-    },
-
     /// A configured SQL identifier (a fencing table or schema name) is not usable.
     #[error("Invalid identifier {name:?}: {reason}")]
     InvalidIdentifier {
@@ -344,7 +146,9 @@ pub enum Error {
 }
 
 impl Error {
-    /// The lock key this error concerns, when it concerns one.
+    /// The lock key this error concerns: every variant about one lock has one;
+    /// [`InvalidIdentifier`](Error::InvalidIdentifier) has none, and
+    /// [`InspectionFailed`](Error::InspectionFailed) one when a single key was inspected.
     pub fn key(&self) -> Option<&str> {
         match self {
             Error::AcquisitionFailed { key, .. }
@@ -356,23 +160,6 @@ impl Error {
             | Error::ElectionStopped { key } => Some(key),
             Error::InvalidIdentifier { .. } => None,
             Error::InspectionFailed { key, .. } => key.as_deref(),
-            #[cfg(feature = "migration")]
-            Error::MigrationNotFound { .. }
-            | Error::InvalidPhaseTransition { .. }
-            | Error::PhaseChanged { .. }
-            | Error::StaleCutoverAttempt { .. }
-            | Error::WrongPhase { .. }
-            | Error::ActiveMigrationExists { .. }
-            | Error::RoutingNotFound { .. }
-            | Error::RoutingStateChanged { .. }
-            | Error::InvalidRoutingTransition { .. }
-            | Error::StoreMismatch { .. }
-            | Error::FenceRejected { .. }
-            | Error::UnknownStore { .. }
-            | Error::LockManagerMissing
-            | Error::PluginMissing { .. }
-            | Error::PluginFailed { .. }
-            | Error::MigrationStorage { .. } => None,
         }
     }
 
@@ -516,6 +303,11 @@ mod tests {
         assert_eq!(err.key(), Some("cutover:t1"));
         let err = Error::NotHeld { key: "k".into() };
         assert_eq!(err.to_string(), "Lock 'k' is not held by this session");
+        let err = Error::InvalidIdentifier {
+            name: String::new(),
+            reason: "it is empty",
+        };
+        assert_eq!(err.key(), None, "a configuration error concerns no lock");
         let reason = AcquireFailure::Database("boom".into());
         assert_eq!(reason.to_string(), "Database error: boom");
     }

@@ -22,7 +22,6 @@
 //! | [`telemetry`] | Span, field and metric names. |
 //! | [`inspect`] | Who holds and who waits for each advisory lock, read from `pg_locks` and `pg_stat_activity`. |
 //! | `testing` (feature) | The conformance suite for any [`LockManager`] and a throwaway PostgreSQL server for tests. |
-//! | `migration` (feature) | `pglock::migration`: tenant live migration, with a cutover that is correct across processes. |
 //!
 //! # Example
 //!
@@ -51,7 +50,6 @@
 //! | --- | --- | --- |
 //! | `testing` | no | [`testing`]: the conformance suite and a throwaway PostgreSQL server for tests. |
 //! | `metrics` | no | OpenTelemetry metrics (see [`telemetry::metrics`]); builders gain a `meter` method. |
-//! | `migration` | no | [`migration`]: the migration coordinator, cutover manager, write gate and repositories. |
 //! | `cli` | no | The `pglock` command: `pglock id <KEY>` (a key's lock id) and `pglock holders [KEY]` (an [`inspect`] report). |
 //!
 //! # Guarantees, briefly
@@ -69,6 +67,9 @@
 //!   probe interval, and its guard's [`lost`](LockGuard::lost) signal fires.
 //! * **Fencing**: with a [`FencingTable`], every acquisition carries a token larger than any
 //!   before it for its key, so resources can refuse writes from a superseded holder.
+//!
+//! Tenant live migration, the locks' main customer, is the companion crate `pglock-migration`,
+//! built on this crate's public API.
 //!
 //! The repository's `docs/guide.md` is the user's guide, `docs/design.md` explains the design,
 //! and `docs/failure-model.md` what is detected and how fast.
@@ -94,9 +95,6 @@ mod loss;
 mod manager;
 mod memory;
 mod metrics;
-#[cfg(feature = "migration")]
-#[cfg_attr(docsrs, doc(cfg(feature = "migration")))]
-pub mod migration;
 mod postgres;
 pub mod telemetry;
 #[cfg(feature = "testing")]

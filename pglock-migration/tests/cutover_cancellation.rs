@@ -6,10 +6,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::migration::{Backend, Harness, SOURCE, TARGET, TestLag, TestStores};
-use pglock::migration::{
-    AuditEvent, CutoverManager, MigrationConfig, MigrationPhase, RoutingChange, RoutingState,
-    Transition, WriteGate,
+use common::{Backend, Harness, SOURCE, TARGET, TestLag, TestStores};
+use pglock_migration::{
+    AuditEvent, CutoverManager, MigrationConfig, MigrationPhase, NotReady, Readiness,
+    RoutingChange, RoutingState, Transition, WriteGate,
 };
 use uuid::Uuid;
 
@@ -82,7 +82,7 @@ async fn dropped_mid_cutover_is_rolled_back_before_the_lock_is_released(backend:
 
     // And the tenant can be cut over.
     let result = cutover.execute_cutover(m.id, &*lag).await;
-    assert!(result.success, "{result:?}");
+    assert!(result.is_ok(), "{result:?}");
 }
 
 /// Dropped before it entered `cutover`: there is nothing to undo, and nothing was written.
@@ -165,15 +165,16 @@ async fn an_interrupted_cutover_is_repaired_by_the_next_one(backend: Backend) {
         .unwrap();
     assert_eq!(
         readiness,
-        (
-            false,
-            Some("Invalid migration state: cutover_paused (expected DUAL_WRITE)".to_owned())
-        )
+        Readiness::NotReady(NotReady::WrongRoutingState(RoutingState::CutoverPaused))
+    );
+    assert_eq!(
+        readiness.to_string(),
+        "Invalid migration state: cutover_paused (expected DUAL_WRITE)"
     );
 
     let result = cutover.execute_cutover(m.id, &*lag).await;
 
-    assert!(result.success, "{result:?}");
+    assert!(result.is_ok(), "{result:?}");
     let log = h.store.audit_log(m.id).await.unwrap();
     let events: Vec<AuditEvent> = log.iter().map(|e| e.event).collect();
     assert_eq!(
@@ -277,7 +278,7 @@ async fn postgres_dropped_while_draining_writes_changes_nothing() {
 #[tokio::test]
 async fn a_cutover_whose_lock_is_lost_stops_and_rolls_back() {
     use pglock::LockManager;
-    use pglock::migration::CutoverFailure;
+    use pglock_migration::CutoverFailure;
     use std::sync::Arc;
 
     let h = Harness::memory();
@@ -303,16 +304,10 @@ async fn a_cutover_whose_lock_is_lost_stops_and_rolls_back() {
     );
     assert!(locks.simulate_loss(&CutoverManager::lock_key(tenant)).await);
     let result = running.await;
-    assert!(!result.success);
-    assert_eq!(result.failure, Some(CutoverFailure::LockLost));
-    assert!(result.rolled_back, "{result:?}");
-    assert!(
-        result
-            .error_message
-            .as_deref()
-            .is_some_and(|m| m.contains("lost")),
-        "{result:?}"
-    );
+    let failed = result.expect_err("the lock was lost");
+    assert_eq!(failed.failure, CutoverFailure::LockLost);
+    assert!(failed.rolled_back, "{failed:?}");
+    assert!(failed.message.contains("lost"), "{failed:?}");
     let stored = h.store.get_migration(m.id).await.unwrap().unwrap();
     assert_eq!(stored.phase, MigrationPhase::DualWrite);
     let routing = h.store.get_routing(tenant).await.unwrap().unwrap();

@@ -4,15 +4,15 @@
 
 mod common;
 
-use common::migration::{Backend, Harness, SOURCE, TARGET, dual_writing};
-use pglock::Error;
-use pglock::migration::{
+use common::{Backend, Harness, SOURCE, TARGET, dual_writing};
+use pglock_migration::Error;
+use pglock_migration::{
     AuditEvent, MigrationConfig, MigrationPhase, NewMigration, PostgresMigrationStore,
     RoutingChange, RoutingState, Transition,
 };
 use uuid::Uuid;
 
-fn to_bulk_copy(migration: &pglock::migration::Migration) -> Transition {
+fn to_bulk_copy(migration: &pglock_migration::Migration) -> Transition {
     Transition::new(
         migration,
         MigrationPhase::BulkCopy,
@@ -582,7 +582,7 @@ async fn postgres_schema_names_are_quoted_identifiers() {
     let store = PostgresMigrationStore::with_schema(pool.clone(), &odd).unwrap();
     store.ensure_schema().await.unwrap();
     let tenant = Uuid::new_v4();
-    let created = pglock::migration::MigrationStore::create_migration(
+    let created = pglock_migration::MigrationStore::create_migration(
         &store,
         &NewMigration::new(tenant, SOURCE, TARGET),
     )
@@ -597,7 +597,7 @@ async fn postgres_schema_names_are_quoted_identifiers() {
     assert_eq!(schemas, [odd.as_str()], "the schema was created verbatim");
     assert_eq!(store.schema(), Some(odd.as_str()));
     assert_eq!(
-        pglock::migration::MigrationRepository::get_migration(&store, created.id)
+        pglock_migration::MigrationRepository::get_migration(&store, created.id)
             .await
             .unwrap()
             .map(|m| m.tenant_id),

@@ -7,16 +7,17 @@ use std::time::Duration;
 use tracing::{Instrument, Span, field::Empty};
 use uuid::Uuid;
 
-use super::cutover::{CutoverManager, CutoverResult, DEFAULT_LOCK_TIMEOUT, Recorder};
-use super::gate::WriteGate;
-use super::model::{
+use crate::cutover::{Cutover, CutoverManager, DEFAULT_LOCK_TIMEOUT, Readiness};
+use crate::gate::WriteGate;
+use crate::model::{
     AuditEvent, Migration, MigrationConfig, MigrationPhase, NewMigration, RoutingState,
     TenantRouting,
 };
-use super::plugins::{CopyRequest, EventCopier, StoreRegistry, SyncLag};
-use super::store::{MigrationStore, RoutingChange, Transition};
-use super::telemetry::{self, outcome};
-use crate::{Error, LockManager, Result};
+use crate::plugins::{CopyRequest, EventCopier, StoreRegistry, SyncLag};
+use crate::store::{MigrationStore, RoutingChange, Transition};
+use crate::telemetry::{self, Recorder, outcome};
+use crate::{Error, Result};
+use pglock::LockManager;
 
 /// The store id a tenant without routing is assumed to live on: `"default"`, as in the
 /// Python original.
@@ -49,7 +50,7 @@ pub struct MigrationStatus {
 /// use std::sync::Arc;
 /// use async_trait::async_trait;
 /// use pglock::InMemoryLockManager;
-/// use pglock::migration::*;
+/// use pglock_migration::*;
 ///
 /// #[derive(Debug)]
 /// struct TwoStores;
@@ -74,7 +75,7 @@ pub struct MigrationStatus {
 ///     }
 /// }
 ///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock_migration::Result<()> {
 /// let store = Arc::new(InMemoryMigrationStore::new());
 /// let coordinator = MigrationCoordinator::builder(store.clone(), Arc::new(TwoStores))
 ///     .source_store_id("shared")
@@ -86,8 +87,8 @@ pub struct MigrationStatus {
 /// let tenant = uuid::Uuid::new_v4();
 /// let migration = coordinator.start_migration(tenant, "dedicated", MigrationConfig::default()).await?;
 /// coordinator.run_bulk_copy(migration.id).await?; // now dual-writing
-/// let result = coordinator.trigger_cutover(migration.id).await?;
-/// assert!(result.success, "{result:?}");
+/// let done = coordinator.trigger_cutover(migration.id).await?;
+/// assert_eq!(done.migration_id, migration.id);
 /// let routing = store.get_routing(tenant).await?.unwrap();
 /// assert_eq!((routing.store_id.as_str(), routing.state), ("dedicated", RoutingState::Migrated));
 /// # Ok(()) }
@@ -137,7 +138,7 @@ impl MigrationCoordinator {
     /// * [`Error::UnknownStore`] when the target is not registered.
     /// * [`Error::ActiveMigrationExists`] when the tenant already has an active migration.
     /// * [`Error::RoutingStateChanged`] when the tenant's routing is mid-migration.
-    /// * [`Error::MigrationStorage`] when the store fails.
+    /// * [`Error::Storage`] when the store fails.
     ///
     /// # Cancel safety
     ///
@@ -165,7 +166,7 @@ impl MigrationCoordinator {
     ///
     /// # Errors
     ///
-    /// [`Error::MigrationNotFound`]; [`Error::MigrationStorage`] when the store fails.
+    /// [`Error::MigrationNotFound`]; [`Error::Storage`] when the store fails.
     pub async fn migration(&self, id: Uuid) -> Result<Migration> {
         self.store
             .get_migration(id)
@@ -177,7 +178,7 @@ impl MigrationCoordinator {
     ///
     /// # Errors
     ///
-    /// [`Error::MigrationStorage`] when the store fails.
+    /// [`Error::Storage`] when the store fails.
     pub async fn migration_for_tenant(&self, tenant_id: Uuid) -> Result<Option<Migration>> {
         self.store.active_migration_for_tenant(tenant_id).await
     }
@@ -186,7 +187,7 @@ impl MigrationCoordinator {
     ///
     /// # Errors
     ///
-    /// [`Error::MigrationNotFound`]; [`Error::MigrationStorage`] when the store fails.
+    /// [`Error::MigrationNotFound`]; [`Error::Storage`] when the store fails.
     pub async fn status(&self, id: Uuid) -> Result<MigrationStatus> {
         let migration = self.migration(id).await?;
         let routing = self.store.get_routing(migration.tenant_id).await?;
@@ -201,7 +202,7 @@ impl MigrationCoordinator {
     ///
     /// # Errors
     ///
-    /// [`Error::MigrationStorage`] when the store fails.
+    /// [`Error::Storage`] when the store fails.
     pub async fn list_active_migrations(&self) -> Result<Vec<Migration>> {
         self.store.list_active_migrations().await
     }
@@ -212,7 +213,7 @@ impl MigrationCoordinator {
     /// # Errors
     ///
     /// [`Error::MigrationNotFound`]; [`Error::WrongPhase`] for a finished migration;
-    /// [`Error::MigrationStorage`].
+    /// [`Error::Storage`].
     ///
     /// # Cancel safety
     ///
@@ -242,7 +243,7 @@ impl MigrationCoordinator {
     ///
     /// [`Error::MigrationNotFound`]; [`Error::WrongPhase`] for a finished migration;
     /// [`Error::PhaseChanged`] or [`Error::RoutingStateChanged`] when the migration moved
-    /// meanwhile (read the status and try again); [`Error::MigrationStorage`].
+    /// meanwhile (read the status and try again); [`Error::Storage`].
     ///
     /// # Cancel safety
     ///
@@ -482,14 +483,15 @@ impl MigrationCoordinator {
     ///
     /// # Errors
     ///
-    /// The checks above, and [`Error::MigrationStorage`] when the migration cannot be read.
-    /// Every failure of the cutover itself is an unsuccessful [`CutoverResult`].
+    /// The checks above, and [`Error::Storage`] when the migration cannot be read. Every
+    /// failure of the cutover itself is an [`Error::Cutover`], whose
+    /// [`CutoverError`](crate::CutoverError) says why and whether it rolled back.
     ///
     /// # Cancel safety
     ///
     /// As for [`CutoverManager::execute_cutover_with`]: dropping the future never leaves the
     /// tenant stuck in `cutover`.
-    pub async fn trigger_cutover(&self, id: Uuid) -> Result<CutoverResult> {
+    pub async fn trigger_cutover(&self, id: Uuid) -> Result<Cutover> {
         let span = if self.tracing {
             tracing::info_span!(
                 telemetry::TRIGGER_SPAN,
@@ -505,11 +507,9 @@ impl MigrationCoordinator {
         let mut recorder = Recorder::new(span.clone());
         let result = self.trigger(id, &span).instrument(span.clone()).await;
         match &result {
-            Ok(result) if result.success => recorder.finish(outcome::SUCCEEDED, false),
-            Ok(result) => {
-                if let Some(failure) = result.failure {
-                    span.record(telemetry::FAILURE, failure.as_str());
-                }
+            Ok(_) => recorder.finish(outcome::SUCCEEDED, false),
+            Err(Error::Cutover(failed)) => {
+                span.record(telemetry::FAILURE, failed.failure.as_str());
                 recorder.finish(outcome::FAILED, true);
             }
             Err(err) => {
@@ -520,7 +520,7 @@ impl MigrationCoordinator {
         result
     }
 
-    async fn trigger(&self, id: Uuid, span: &Span) -> Result<CutoverResult> {
+    async fn trigger(&self, id: Uuid, span: &Span) -> Result<Cutover> {
         let migration = self.migration(id).await?;
         span.record(
             telemetry::TENANT_ID,
@@ -541,7 +541,7 @@ impl MigrationCoordinator {
             plugin: "sync lag tracker",
         })?;
         let cutover = self.cutover_manager()?;
-        Ok(cutover.execute_cutover(id, lag).await)
+        Ok(cutover.execute_cutover(id, lag).await?)
     }
 
     /// Asks [`CutoverManager::validate_cutover_readiness`] whether the migration could be cut
@@ -555,7 +555,7 @@ impl MigrationCoordinator {
     /// # Cancel safety
     ///
     /// As for [`CutoverManager::validate_cutover_readiness`].
-    pub async fn cutover_readiness(&self, id: Uuid) -> Result<(bool, Option<String>)> {
+    pub async fn cutover_readiness(&self, id: Uuid) -> Result<Readiness> {
         let lag = self.lag.as_deref().ok_or(Error::PluginMissing {
             migration_id: id,
             plugin: "sync lag tracker",
@@ -647,7 +647,7 @@ impl MigrationCoordinatorBuilder {
         self
     }
 
-    /// Whether to emit the [`telemetry`](super::telemetry) spans. Default: on.
+    /// Whether to emit the [`telemetry`](crate::telemetry) spans. Default: on.
     pub fn tracing(mut self, enabled: bool) -> Self {
         self.tracing = enabled;
         self

@@ -8,35 +8,35 @@ use async_trait::async_trait;
 use chrono::Utc;
 use uuid::Uuid;
 
-use super::model::{
+use crate::model::{
     AuditEntry, AuditEvent, Migration, MigrationPhase, NewMigration, RoutingState, TenantRouting,
 };
-use super::store::{
+use crate::store::{
     AuditLog, MigrationRepository, MigrationStore, RECORD_PROGRESS, RoutingChange,
     RoutingRepository, Transition, check_routable,
 };
 use crate::{Error, Result};
 
 /// A [`MigrationStore`] in memory, with the same rules as
-/// [`PostgresMigrationStore`](super::PostgresMigrationStore): compare-and-set phase and routing
+/// [`PostgresMigrationStore`](crate::PostgresMigrationStore): compare-and-set phase and routing
 /// changes, fencing, one active migration per tenant, all-or-nothing transitions.
 ///
 /// Clones share the same data, so several coordinators (playing several processes, each with
-/// its own [`InMemoryLockManager`](crate::InMemoryLockManager) on one
-/// [`InMemoryLockServer`](crate::InMemoryLockServer)) can work on one store. Nothing survives
+/// its own [`InMemoryLockManager`](pglock::InMemoryLockManager) on one
+/// [`InMemoryLockServer`](pglock::InMemoryLockServer)) can work on one store. Nothing survives
 /// the process: use it in tests.
 ///
 /// ```
-/// use pglock::migration::{InMemoryMigrationStore, MigrationStore, NewMigration, MigrationPhase};
+/// use pglock_migration::{InMemoryMigrationStore, MigrationStore, NewMigration, MigrationPhase};
 ///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock_migration::Result<()> {
 /// let store = InMemoryMigrationStore::new();
 /// let tenant = uuid::Uuid::new_v4();
 /// let migration = store.create_migration(&NewMigration::new(tenant, "shared", "dedicated")).await?;
 /// assert_eq!(migration.phase, MigrationPhase::Pending);
 /// // A second active migration of the tenant is refused.
 /// let again = store.create_migration(&NewMigration::new(tenant, "shared", "other")).await;
-/// assert!(matches!(again, Err(pglock::Error::ActiveMigrationExists { .. })));
+/// assert!(matches!(again, Err(pglock_migration::Error::ActiveMigrationExists { .. })));
 /// # Ok(()) }
 /// ```
 #[derive(Clone, Default)]

@@ -5,7 +5,7 @@ use std::fmt;
 use async_trait::async_trait;
 use uuid::Uuid;
 
-use super::model::{
+use crate::model::{
     AuditEntry, AuditEvent, Migration, MigrationPhase, NewMigration, RoutingState, TenantRouting,
 };
 use crate::{Error, Result};
@@ -21,21 +21,21 @@ pub trait MigrationRepository: Send + Sync + fmt::Debug {
     ///
     /// # Errors
     ///
-    /// [`Error::MigrationStorage`] when the store cannot be read.
+    /// [`Error::Storage`] when the store cannot be read.
     async fn get_migration(&self, id: Uuid) -> Result<Option<Migration>>;
 
     /// The tenant's migration in a non-terminal phase, if it has one.
     ///
     /// # Errors
     ///
-    /// [`Error::MigrationStorage`] when the store cannot be read.
+    /// [`Error::Storage`] when the store cannot be read.
     async fn active_migration_for_tenant(&self, tenant_id: Uuid) -> Result<Option<Migration>>;
 
     /// Every migration in a non-terminal phase, oldest first.
     ///
     /// # Errors
     ///
-    /// [`Error::MigrationStorage`] when the store cannot be read.
+    /// [`Error::Storage`] when the store cannot be read.
     async fn list_active_migrations(&self) -> Result<Vec<Migration>>;
 
     /// Adds a copied batch to the migration's progress, if it is still in `bulk_copy`.
@@ -47,7 +47,7 @@ pub trait MigrationRepository: Send + Sync + fmt::Debug {
     /// # Errors
     ///
     /// [`Error::MigrationNotFound`], or [`Error::WrongPhase`] when the migration is not in
-    /// `bulk_copy` (it is then not changed); [`Error::MigrationStorage`] when the store fails.
+    /// `bulk_copy` (it is then not changed); [`Error::Storage`] when the store fails.
     async fn record_progress(
         &self,
         id: Uuid,
@@ -64,7 +64,7 @@ pub trait RoutingRepository: Send + Sync + fmt::Debug {
     ///
     /// # Errors
     ///
-    /// [`Error::MigrationStorage`] when the store cannot be read.
+    /// [`Error::Storage`] when the store cannot be read.
     async fn get_routing(&self, tenant_id: Uuid) -> Result<Option<TenantRouting>>;
 
     /// Routes a tenant that has no row yet to `store_id` (state `normal`) and returns its
@@ -72,7 +72,7 @@ pub trait RoutingRepository: Send + Sync + fmt::Debug {
     ///
     /// # Errors
     ///
-    /// [`Error::MigrationStorage`] when the store fails.
+    /// [`Error::Storage`] when the store fails.
     async fn ensure_routing(&self, tenant_id: Uuid, store_id: &str) -> Result<TenantRouting>;
 
     /// Applies `change` to the tenant's routing, compare-and-set on its state and fence.
@@ -89,7 +89,7 @@ pub trait RoutingRepository: Send + Sync + fmt::Debug {
     /// * [`Error::RoutingNotFound`] when the tenant has no row.
     /// * [`Error::RoutingStateChanged`] when the state is not `expected`.
     /// * [`Error::FenceRejected`] when the row was written with a newer token.
-    /// * [`Error::MigrationStorage`] when the store fails.
+    /// * [`Error::Storage`] when the store fails.
     async fn switch_routing(
         &self,
         tenant_id: Uuid,
@@ -104,14 +104,14 @@ pub trait AuditLog: Send + Sync + fmt::Debug {
     ///
     /// # Errors
     ///
-    /// [`Error::MigrationStorage`] when the store cannot be read.
+    /// [`Error::Storage`] when the store cannot be read.
     async fn audit_log(&self, migration_id: Uuid) -> Result<Vec<AuditEntry>>;
 }
 
 /// Everything the coordinator and the cutover need, with the writes that must be atomic.
 ///
-/// The crate ships [`PostgresMigrationStore`](super::PostgresMigrationStore) and
-/// [`InMemoryMigrationStore`](super::InMemoryMigrationStore). An implementation must apply each
+/// The crate ships [`PostgresMigrationStore`](crate::PostgresMigrationStore) and
+/// [`InMemoryMigrationStore`](crate::InMemoryMigrationStore). An implementation must apply each
 /// method below all-or-nothing: the migration row, the routing row and the audit entry change
 /// together or not at all.
 ///
@@ -138,7 +138,7 @@ pub trait MigrationStore: MigrationRepository + RoutingRepository + AuditLog {
     ///   processes cannot both succeed).
     /// * [`Error::RoutingStateChanged`] when the tenant's routing is in another state, and
     ///   [`Error::StoreMismatch`] when it is served by another store.
-    /// * [`Error::MigrationStorage`] when the store fails.
+    /// * [`Error::Storage`] when the store fails.
     async fn create_migration(&self, new: &NewMigration) -> Result<Migration>;
 
     /// Applies a phase change, compare-and-set, with its routing change and audit entry, all
@@ -155,7 +155,7 @@ pub trait MigrationStore: MigrationRepository + RoutingRepository + AuditLog {
     /// * [`Error::StaleCutoverAttempt`] when `expected_attempt` is set and the migration was
     ///   moved into `cutover` by another attempt.
     /// * The errors of [`RoutingRepository::switch_routing`] for the routing change.
-    /// * [`Error::MigrationStorage`] when the store fails.
+    /// * [`Error::Storage`] when the store fails.
     async fn apply_transition(&self, transition: &Transition) -> Result<Migration>;
 
     /// Pauses (`paused = true`) or resumes the bulk copy of a migration in a non-terminal
@@ -164,7 +164,7 @@ pub trait MigrationStore: MigrationRepository + RoutingRepository + AuditLog {
     /// # Errors
     ///
     /// [`Error::MigrationNotFound`]; [`Error::WrongPhase`] when the migration is in a terminal
-    /// phase; [`Error::MigrationStorage`] when the store fails.
+    /// phase; [`Error::Storage`] when the store fails.
     async fn set_paused(&self, id: Uuid, paused: bool, reason: Option<&str>) -> Result<Migration>;
 }
 
@@ -274,10 +274,28 @@ pub struct Transition {
 impl Transition {
     /// Moves `migration` from its current phase to `to`, logged as `event`.
     pub fn new(migration: &Migration, to: MigrationPhase, event: AuditEvent) -> Self {
+        Transition::between(
+            migration.id,
+            migration.tenant_id,
+            migration.phase,
+            to,
+            event,
+        )
+    }
+
+    /// Moves the migration `migration_id` of `tenant_id` from `from` to `to`, logged as
+    /// `event`.
+    pub fn between(
+        migration_id: Uuid,
+        tenant_id: Uuid,
+        from: MigrationPhase,
+        to: MigrationPhase,
+        event: AuditEvent,
+    ) -> Self {
         Transition {
-            migration_id: migration.id,
-            tenant_id: migration.tenant_id,
-            from: migration.phase,
+            migration_id,
+            tenant_id,
+            from,
             to,
             expected_attempt: None,
             new_attempt: None,

@@ -1,6 +1,6 @@
 //! Names of the `tracing` spans and fields the migration module emits.
 //!
-//! The conventions are those of [`crate::telemetry`]: every field is declared when the span
+//! The conventions are those of [`pglock::telemetry`]: every field is declared when the span
 //! opens, [`OUTCOME`] is recorded when it closes (including [`outcome::CANCELLED`] when the
 //! caller dropped the future), and failures set `otel.status_code` to `ERROR`. Spans are emitted
 //! at `INFO` level and can be switched off with the builders' `tracing(false)`. The lock
@@ -8,10 +8,10 @@
 //!
 //! | span | covers | fields |
 //! | --- | --- | --- |
-//! | [`TRIGGER_SPAN`] | one [`MigrationCoordinator::trigger_cutover`](super::MigrationCoordinator::trigger_cutover) | [`MIGRATION_ID`], [`TENANT_ID`], [`OUTCOME`], [`FAILURE`] |
-//! | [`EXECUTE_SPAN`] | one [`CutoverManager::execute_cutover`](super::CutoverManager::execute_cutover), lock wait included | [`MIGRATION_ID`], [`TENANT_ID`], [`TARGET_STORE_ID`], [`TIMEOUT_MS`], [`LOCK_TIMEOUT_MS`], [`ATTEMPT_ID`], [`FENCING_TOKEN`], [`OUTCOME`], [`FAILURE`], [`EVENTS_SYNCED`], [`ROLLED_BACK`], [`DURATION_MS`] |
+//! | [`TRIGGER_SPAN`] | one [`MigrationCoordinator::trigger_cutover`](crate::MigrationCoordinator::trigger_cutover) | [`MIGRATION_ID`], [`TENANT_ID`], [`OUTCOME`], [`FAILURE`] |
+//! | [`EXECUTE_SPAN`] | one [`CutoverManager::execute_cutover`](crate::CutoverManager::execute_cutover), lock wait included | [`MIGRATION_ID`], [`TENANT_ID`], [`TARGET_STORE_ID`], [`TIMEOUT_MS`], [`LOCK_TIMEOUT_MS`], [`ATTEMPT_ID`], [`FENCING_TOKEN`], [`OUTCOME`], [`FAILURE`], [`EVENTS_SYNCED`], [`ROLLED_BACK`], [`DURATION_MS`] |
 //! | [`ROLLBACK_SPAN`] | one rollback of a cutover attempt: after a failure, after a cancellation (on a spawned task), or the repair of an interrupted attempt | [`MIGRATION_ID`], [`TENANT_ID`], [`ATTEMPT_ID`], [`REASON`], [`OUTCOME`] |
-//! | [`READINESS_SPAN`] | one [`CutoverManager::validate_cutover_readiness`](super::CutoverManager::validate_cutover_readiness) | [`MIGRATION_ID`], [`TENANT_ID`], [`READY`], [`REASON`], [`OUTCOME`] |
+//! | [`READINESS_SPAN`] | one [`CutoverManager::validate_cutover_readiness`](crate::CutoverManager::validate_cutover_readiness) | [`MIGRATION_ID`], [`TENANT_ID`], [`READY`], [`REASON`], [`OUTCOME`] |
 
 /// Span around one cutover, from the first read to the release of the lock.
 pub const EXECUTE_SPAN: &str = "pglock.migration.cutover.execute";
@@ -38,7 +38,7 @@ pub const ATTEMPT_ID: &str = "pglock.migration.attempt_id";
 pub const FENCING_TOKEN: &str = "pglock.migration.fencing_token";
 /// Field: how the operation ended; one of the [`outcome`] values.
 pub const OUTCOME: &str = "pglock.migration.outcome";
-/// Field: why a cutover failed ([`CutoverFailure::as_str`](super::CutoverFailure::as_str)).
+/// Field: why a cutover failed ([`CutoverFailure::as_str`](crate::CutoverFailure::as_str)).
 pub const FAILURE: &str = "pglock.migration.failure";
 /// Field: events synced during the cutover.
 pub const EVENTS_SYNCED: &str = "pglock.migration.events_synced";
@@ -55,16 +55,45 @@ pub const REASON: &str = "pglock.migration.reason";
 pub mod outcome {
     /// The cutover switched the tenant.
     pub const SUCCEEDED: &str = "succeeded";
-    /// The cutover did not switch the tenant; [`FAILURE`](super::FAILURE) says why.
+    /// The cutover did not switch the tenant; [`FAILURE`](crate::FAILURE) says why.
     pub const FAILED: &str = "failed";
     /// A rollback put the tenant back into `dual_write`.
     pub const ROLLED_BACK: &str = "rolled_back";
     /// The readiness check said yes.
     pub const READY: &str = "ready";
-    /// The readiness check said no; [`REASON`](super::REASON) says why.
+    /// The readiness check said no; [`REASON`](crate::REASON) says why.
     pub const NOT_READY: &str = "not_ready";
     /// The operation failed with an error.
     pub const ERROR: &str = "error";
     /// The caller dropped the future before it finished.
     pub const CANCELLED: &str = "cancelled";
+}
+
+/// Records a span's outcome when an operation ends, and `cancelled` if it never does (the
+/// caller dropped the future).
+pub(crate) struct Recorder {
+    span: tracing::Span,
+    done: bool,
+}
+
+impl Recorder {
+    pub(crate) fn new(span: tracing::Span) -> Self {
+        Recorder { span, done: false }
+    }
+
+    pub(crate) fn finish(&mut self, value: &'static str, failed: bool) {
+        self.span.record(OUTCOME, value);
+        if failed {
+            self.span.record("otel.status_code", "ERROR");
+        }
+        self.done = true;
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        if !self.done {
+            self.span.record(OUTCOME, outcome::CANCELLED);
+        }
+    }
 }

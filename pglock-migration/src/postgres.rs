@@ -9,14 +9,15 @@ use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row, SqlSafeStr, SqlStr};
 use uuid::Uuid;
 
-use super::model::{
+use crate::model::{
     AuditEntry, AuditEvent, Migration, MigrationConfig, MigrationPhase, NewMigration, TenantRouting,
 };
-use super::store::{
+use crate::store::{
     AuditLog, MigrationRepository, MigrationStore, RECORD_PROGRESS, RoutingChange,
     RoutingRepository, Transition, check_routable,
 };
-use crate::{Error, Result, lock_id};
+use crate::{Error, Result};
+use pglock::lock_id;
 
 /// A [`MigrationStore`] on PostgreSQL, with sqlx.
 ///
@@ -34,9 +35,9 @@ use crate::{Error, Result, lock_id};
 /// schema is given with [`with_schema`](Self::with_schema).
 ///
 /// ```no_run
-/// use pglock::migration::PostgresMigrationStore;
+/// use pglock_migration::PostgresMigrationStore;
 ///
-/// # async fn run(pool: sqlx::PgPool) -> pglock::Result<()> {
+/// # async fn run(pool: sqlx::PgPool) -> pglock_migration::Result<()> {
 /// let store = PostgresMigrationStore::with_schema(pool, "ops")?;
 /// store.ensure_schema().await?; // idempotent; safe to run from every replica at start-up
 /// # Ok(()) }
@@ -231,7 +232,7 @@ impl PostgresMigrationStore {
     ///
     /// # Errors
     ///
-    /// [`Error::MigrationStorage`] when a statement fails (for example for lack of the
+    /// [`Error::Storage`] when a statement fails (for example for lack of the
     /// `CREATE` privilege).
     ///
     /// # Cancel safety
@@ -258,11 +259,11 @@ impl PostgresMigrationStore {
     }
 
     /// Reads the tenant's routing on `conn`, for example inside a writer's transaction right
-    /// after [`WriteGate::enter`](super::WriteGate::enter).
+    /// after [`WriteGate::enter`](crate::WriteGate::enter).
     ///
     /// # Errors
     ///
-    /// [`Error::MigrationStorage`] when the statement fails.
+    /// [`Error::Storage`] when the statement fails.
     ///
     /// # Cancel safety
     ///
@@ -302,14 +303,14 @@ impl fmt::Debug for PostgresMigrationStore {
 }
 
 fn storage(operation: &'static str) -> impl Fn(sqlx::Error) -> Error + Copy {
-    move |source| Error::MigrationStorage { operation, source }
+    move |source| Error::Storage { operation, source }
 }
 
 fn decode_name<T>(name: &str) -> Result<T>
 where
-    T: std::str::FromStr<Err = super::model::UnknownName>,
+    T: std::str::FromStr<Err = crate::model::UnknownName>,
 {
-    name.parse().map_err(|err| Error::MigrationStorage {
+    name.parse().map_err(|err| Error::Storage {
         operation: "decode a stored name",
         source: sqlx::Error::Decode(Box::new(err)),
     })

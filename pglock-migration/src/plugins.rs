@@ -60,7 +60,7 @@ impl CopyBatch {
 ///
 /// ```
 /// use async_trait::async_trait;
-/// use pglock::migration::{BoxError, CopyBatch, CopyRequest, EventCopier};
+/// use pglock_migration::{BoxError, CopyBatch, CopyRequest, EventCopier};
 ///
 /// #[derive(Debug)]
 /// struct NothingToCopy;

@@ -6,11 +6,11 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::migration::{Backend, Harness, SOURCE, TARGET, TestLag, TestStores, coordinator};
+use common::{Backend, Harness, SOURCE, TARGET, TestLag, TestStores, coordinator};
 use pglock::LockManager;
-use pglock::migration::{
-    AuditEvent, CutoverFailure, CutoverManager, CutoverResult, MigrationConfig, MigrationPhase,
-    RoutingChange, RoutingState, WriteGate,
+use pglock_migration::{
+    AuditEvent, CutoverError, CutoverFailure, CutoverManager, CutoverResult, MigrationConfig,
+    MigrationPhase, NotReady, Readiness, RoutingChange, RoutingState, WriteGate,
 };
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -58,16 +58,19 @@ async fn assert_dual_writing_on_source(h: &Harness, tenant: Uuid, migration: Uui
     assert_eq!(migration.cutover_attempt, None);
 }
 
+/// Asserts the cutover failed as described, and returns its error.
 fn assert_failed(
     result: &CutoverResult,
     failure: CutoverFailure,
     message: &str,
     rolled_back: bool,
-) {
-    assert!(!result.success, "{result:?}");
-    assert_eq!(result.failure, Some(failure), "{result:?}");
-    assert_eq!(result.error_message.as_deref(), Some(message), "{result:?}");
-    assert_eq!(result.rolled_back, rolled_back, "{result:?}");
+) -> CutoverError {
+    let failed = result.clone().expect_err("the cutover fails");
+    assert_eq!(failed.failure, failure, "{failed:?}");
+    assert_eq!(failed.message, message, "{failed:?}");
+    assert_eq!(failed.to_string(), message, "displays as the message");
+    assert_eq!(failed.rolled_back, rolled_back, "{failed:?}");
+    failed
 }
 
 /// Checks a failed cutover that got as far as `cutover` and was rolled back.
@@ -128,19 +131,9 @@ async fn c1_happy_path(backend: Backend) {
 
     let result = cutover.execute_cutover(m.id, &*lag).await;
 
-    assert!(result.success, "{result:?}");
-    assert_eq!(
-        (
-            result.failure,
-            result.error_message.as_deref(),
-            result.rolled_back
-        ),
-        (None, None, false)
-    );
-    assert_eq!(
-        result.events_synced, 3,
-        "the lag fell from 5 to 2 meanwhile"
-    );
+    let done = result.expect("the cutover switches");
+    assert_eq!(done.migration_id, m.id);
+    assert_eq!(done.events_synced, 3, "the lag fell from 5 to 2 meanwhile");
     assert_eq!(lag.calls(), 2);
     let routing = h.store.get_routing(tenant).await.unwrap().unwrap();
     assert_eq!(
@@ -186,6 +179,7 @@ async fn c1_happy_path(backend: Backend) {
     assert_eq!(completed.events_synced, Some(3));
     assert!(completed.duration_ms.is_some_and(|ms| ms > 0.0));
     assert_eq!(completed.cutover_attempt, log[3].cutover_attempt);
+    assert_eq!(completed.cutover_attempt, Some(done.attempt_id));
     assert_eq!(
         completed.fencing_token,
         match backend {
@@ -216,18 +210,16 @@ async fn c2_lock_held_elsewhere(backend: Backend) {
         .validate_cutover_readiness(m.id, &*lag)
         .await
         .unwrap();
+    assert_eq!(readiness, Readiness::NotReady(NotReady::LockHeld));
     assert_eq!(
-        readiness,
-        (
-            false,
-            Some("Cutover lock is already held by another process".to_owned())
-        )
+        readiness.to_string(),
+        "Cutover lock is already held by another process"
     );
     let started = Instant::now();
     let result = cutover.execute_cutover(m.id, &*lag).await;
     let waited = started.elapsed();
 
-    assert_failed(
+    let failed = assert_failed(
         &result,
         CutoverFailure::LockUnavailable,
         &format!(
@@ -237,11 +229,11 @@ async fn c2_lock_held_elsewhere(backend: Backend) {
         false,
     );
     assert!(
-        result.duration_ms >= 500.0 && result.duration_ms <= waited.as_secs_f64() * 1000.0,
-        "duration_ms {} reports the real wait ({waited:?})",
-        result.duration_ms
+        failed.duration >= Duration::from_millis(500) && failed.duration <= waited,
+        "duration {:?} reports the real wait ({waited:?})",
+        failed.duration
     );
-    assert_eq!(result.events_synced, 0);
+    assert_eq!(failed.events_synced, 0);
     assert_eq!(lag.calls(), 1, "only the readiness check measured the lag");
     assert_unchanged(&h, tenant, m.id).await;
 
@@ -250,7 +242,7 @@ async fn c2_lock_held_elsewhere(backend: Backend) {
         .validate_cutover_readiness(m.id, &*lag)
         .await
         .unwrap();
-    assert_eq!(readiness, (true, None));
+    assert_eq!(readiness, Readiness::Ready);
     assert_locks_free(&*p.locks, tenant).await;
 }
 
@@ -276,11 +268,9 @@ async fn c3_lag_too_high(backend: Backend) {
         .unwrap();
     assert_eq!(
         readiness,
-        (
-            false,
-            Some("Sync lag too high: 5 events (max 0)".to_owned())
-        )
+        Readiness::NotReady(NotReady::LagTooHigh { events: 5, max: 0 })
     );
+    assert_eq!(readiness.to_string(), "Sync lag too high: 5 events (max 0)");
 }
 
 /// C4: a lag that cannot be calculated rolls the cutover back.
@@ -302,7 +292,8 @@ async fn c4_lag_unavailable(backend: Backend) {
         .validate_cutover_readiness(m.id, &*lag)
         .await
         .unwrap();
-    assert_eq!(readiness, (false, Some(message.to_owned())));
+    assert_eq!(readiness, Readiness::NotReady(NotReady::LagUnavailable));
+    assert_eq!(readiness.to_string(), message);
 }
 
 /// C5: a lag source slower than the cutover's budget times the cutover out, rolled back.
@@ -318,9 +309,10 @@ async fn c5_slow_lag_times_out(backend: Backend) {
 
     let result = cutover.execute_cutover(m.id, &*lag).await;
 
-    assert!(!result.success && result.rolled_back, "{result:?}");
-    assert_eq!(result.failure, Some(CutoverFailure::Timeout));
-    let message = result.error_message.clone().unwrap();
+    let failed = result.expect_err("the budget runs out");
+    assert!(failed.rolled_back, "{failed:?}");
+    assert_eq!(failed.failure, CutoverFailure::Timeout);
+    let message = failed.message.clone();
     let elapsed: f64 = message
         .strip_prefix("Cutover timeout exceeded: ")
         .and_then(|rest| rest.strip_suffix("ms (limit: 100.00ms)"))
@@ -349,15 +341,13 @@ async fn c6b_wrong_state_is_refused_under_the_lock(backend: Backend) {
     let tenant = Uuid::new_v4();
     let created = h
         .store
-        .create_migration(&pglock::migration::NewMigration::new(
-            tenant, SOURCE, TARGET,
-        ))
+        .create_migration(&pglock_migration::NewMigration::new(tenant, SOURCE, TARGET))
         .await
         .unwrap();
     let copying = h
         .store
         .apply_transition(
-            &pglock::migration::Transition::new(
+            &pglock_migration::Transition::new(
                 &created,
                 MigrationPhase::BulkCopy,
                 AuditEvent::PhaseChanged,
@@ -453,10 +443,11 @@ async fn c7b_unknown_target_is_refused(backend: Backend) {
         .unwrap();
     assert_eq!(
         readiness,
-        (
-            false,
-            Some(format!("Target store '{TARGET}' is not registered"))
-        )
+        Readiness::NotReady(NotReady::UnknownTargetStore(TARGET.to_owned()))
+    );
+    assert_eq!(
+        readiness.to_string(),
+        format!("Target store '{TARGET}' is not registered")
     );
     let result = cutover.execute_cutover(m.id, &*lag).await;
 
@@ -486,10 +477,9 @@ async fn c9_coordinator_with_the_lock_held_elsewhere(backend: Backend) {
         .await
         .unwrap();
 
-    let result = coordinator
-        .trigger_cutover(m.id)
-        .await
-        .expect("the checks pass");
+    let err = coordinator.trigger_cutover(m.id).await.unwrap_err();
+    let result = Err(err.cutover_error().expect("the checks pass").clone());
+    assert!(!err.is_refused() && err.lock_error().is_none(), "{err:?}");
 
     assert_failed(
         &result,
@@ -502,8 +492,10 @@ async fn c9_coordinator_with_the_lock_held_elsewhere(backend: Backend) {
     );
     assert_unchanged(&h, tenant, m.id).await;
     assert!(held.release().await.unwrap());
-    let result = coordinator.trigger_cutover(m.id).await.unwrap();
-    assert!(result.success, "{result:?}");
+    coordinator
+        .trigger_cutover(m.id)
+        .await
+        .expect("the lock is free now");
 }
 
 /// C11: two processes cut the same tenant over at once. The lock serialises them; the second
@@ -515,7 +507,7 @@ async fn c11_concurrent_cutovers_exactly_one_succeeds(backend: Backend) {
     let tenant = Uuid::new_v4();
     let m = h.dual_writing(tenant, MigrationConfig::default()).await;
     let (lag_a, lag_b) = (TestLag::fixed(Some(0)), TestLag::fixed(Some(0)));
-    let manager = |p: &common::migration::Process| {
+    let manager = |p: &common::Process| {
         Arc::new(
             CutoverManager::builder(p.locks.clone(), p.store.clone(), TestStores::new())
                 .lock_timeout(Duration::from_secs(30))
@@ -548,7 +540,7 @@ async fn c11_concurrent_cutovers_exactly_one_succeeds(backend: Backend) {
     parked.release();
     let (first, second) = (first.await.unwrap(), second.await.unwrap());
 
-    assert!(first.success, "{first:?}");
+    assert!(first.is_ok(), "{first:?}");
     assert_failed(
         &second,
         CutoverFailure::AlreadyMigrated,
@@ -601,7 +593,7 @@ async fn c11_loser_times_out_on_the_lock(backend: Backend) {
     parked.reached().await;
 
     let second = cutover_b.execute_cutover(m.id, &*lag).await;
-    assert_failed(
+    let failed = assert_failed(
         &second,
         CutoverFailure::LockUnavailable,
         &format!(
@@ -610,10 +602,10 @@ async fn c11_loser_times_out_on_the_lock(backend: Backend) {
         ),
         false,
     );
-    assert!(second.duration_ms >= 100.0, "{second:?}");
+    assert!(failed.duration >= Duration::from_millis(100), "{failed:?}");
     parked.release();
     let first = first.await.unwrap();
-    assert!(first.success, "{first:?}");
+    assert!(first.is_ok(), "{first:?}");
     assert_eq!(
         h.audit(m.id).await,
         with_setup(&[AuditEvent::CutoverInitiated, AuditEvent::CutoverCompleted])
@@ -644,9 +636,9 @@ async fn duration_includes_the_lock_wait(backend: Backend) {
     });
     let result = cutover.execute_cutover(m.id, &*lag).await;
     assert!(releaser.await.unwrap());
-    assert!(result.success, "{result:?}");
-    assert!(result.duration_ms >= 300.0, "{result:?}");
-    assert!(!result.within_timeout());
+    let done = result.expect("the lock came free in time");
+    assert!(done.duration_ms() >= 300.0, "{done:?}");
+    assert!(!done.within_timeout());
 }
 
 common::on_both_backends!(

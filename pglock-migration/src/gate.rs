@@ -5,7 +5,8 @@ use std::time::Duration;
 use sqlx::PgTransaction;
 use uuid::Uuid;
 
-use crate::{Error, LockGuard, LockManager, Result, lock_id, migration_lock_key};
+use crate::{Error, Result};
+use pglock::{LockGuard, LockManager, lock_id, migration_lock_key};
 
 /// The operation name of a tenant's write gate key: `"write-gate"`.
 pub const WRITE_GATE_OPERATION: &str = "write-gate";
@@ -32,11 +33,11 @@ pub const WRITE_GATE_OPERATION: &str = "write-gate";
 /// [`enter`](WriteGate::enter) runs `pg_advisory_xact_lock_shared` in the writer's own
 /// transaction, so the gate is held exactly until that transaction commits or rolls back, and
 /// costs no extra connection. The transaction must run on the database of the cutover's
-/// [`PostgresLockManager`](crate::PostgresLockManager): if the event stores live elsewhere,
+/// [`PostgresLockManager`](pglock::PostgresLockManager): if the event stores live elsewhere,
 /// open the gate transaction there and keep it open around the write.
 ///
 /// ```no_run
-/// use pglock::migration::{RoutingRepository, WriteGate};
+/// use pglock_migration::{RoutingRepository, WriteGate};
 /// # async fn run(pool: sqlx::PgPool, routing: &dyn RoutingRepository, tenant: uuid::Uuid) -> Result<(), Box<dyn std::error::Error>> {
 /// let mut tx = pool.begin().await?;
 /// WriteGate::enter(&mut tx, tenant).await?; // waits while a cutover switches this tenant
@@ -52,7 +53,7 @@ pub const WRITE_GATE_OPERATION: &str = "write-gate";
 ///
 /// [`enter_with`](WriteGate::enter_with) takes the gate in shared mode through a
 /// [`LockManager`] and returns its guard: hold the guard for the duration of the write. With an
-/// [`InMemoryLockManager`](crate::InMemoryLockManager) this lets unit tests play writers
+/// [`InMemoryLockManager`](pglock::InMemoryLockManager) this lets unit tests play writers
 /// racing a cutover.
 #[derive(Debug, Clone, Copy)]
 pub struct WriteGate;
@@ -63,7 +64,7 @@ impl WriteGate {
     /// ```
     /// let tenant = uuid::Uuid::parse_str("123e4567-e89b-12d3-a456-426614174000").unwrap();
     /// assert_eq!(
-    ///     pglock::migration::WriteGate::key(tenant),
+    ///     pglock_migration::WriteGate::key(tenant),
     ///     "write-gate:123e4567-e89b-12d3-a456-426614174000",
     /// );
     /// ```
@@ -80,11 +81,11 @@ impl WriteGate {
     ///
     /// The wait is bounded only by the transaction's own `lock_timeout` or
     /// `statement_timeout`, if set (the error is then a
-    /// [`MigrationStorage`](Error::MigrationStorage) carrying the server's message).
+    /// [`Storage`](Error::Storage) carrying the server's message).
     ///
     /// # Errors
     ///
-    /// [`Error::MigrationStorage`] when the statement fails.
+    /// [`Error::Storage`] when the statement fails.
     ///
     /// # Cancel safety
     ///
@@ -95,7 +96,7 @@ impl WriteGate {
             .bind(Self::lock_id(tenant_id))
             .execute(&mut **tx)
             .await
-            .map_err(|source| Error::MigrationStorage {
+            .map_err(|source| Error::Storage {
                 operation: "enter the write gate",
                 source,
             })?;
@@ -107,7 +108,7 @@ impl WriteGate {
     ///
     /// # Errors
     ///
-    /// [`Error::MigrationStorage`] when the statement fails.
+    /// [`Error::Storage`] when the statement fails.
     ///
     /// # Cancel safety
     ///
@@ -117,7 +118,7 @@ impl WriteGate {
             .bind(Self::lock_id(tenant_id))
             .fetch_one(&mut **tx)
             .await
-            .map_err(|source| Error::MigrationStorage {
+            .map_err(|source| Error::Storage {
                 operation: "enter the write gate",
                 source,
             })
@@ -137,7 +138,7 @@ impl WriteGate {
         locks: &dyn LockManager,
         tenant_id: Uuid,
         timeout: Option<Duration>,
-    ) -> Result<LockGuard> {
+    ) -> pglock::Result<LockGuard> {
         locks.acquire_shared(&Self::key(tenant_id), timeout).await
     }
 }

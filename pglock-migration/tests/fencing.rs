@@ -1,15 +1,15 @@
 //! Fencing: the routing row remembers the newest fencing token that wrote it and refuses older
 //! ones, so a cutover whose lock was lost cannot switch routing behind the new holder's back.
-//! Lock managers do not mint tokens yet; `common::migration::Fenced` plays that part.
+//! Lock managers do not mint tokens yet; `common::Fenced` plays that part.
 
 mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicI64;
 
-use common::migration::{Backend, Fenced, Harness, SOURCE, TARGET, TestLag, TestStores};
-use pglock::Error;
-use pglock::migration::{
+use common::{Backend, Fenced, Harness, SOURCE, TARGET, TestLag, TestStores};
+use pglock_migration::Error;
+use pglock_migration::{
     AuditEvent, CutoverFailure, CutoverManager, MigrationConfig, MigrationPhase, RoutingChange,
     RoutingState, Transition,
 };
@@ -189,7 +189,7 @@ async fn the_cutover_carries_its_fencing_token(backend: Backend) {
         .execute_cutover(m.id, &*TestLag::fixed(Some(0)))
         .await;
 
-    assert!(result.success, "{result:?}");
+    assert!(result.is_ok(), "{result:?}");
     // Token 41 is the cutover lock's, 42 the write gate's.
     let routing = h.store.get_routing(tenant).await.unwrap().unwrap();
     assert_eq!((routing.state, routing.fence), (RoutingState::Migrated, 41));
@@ -252,19 +252,19 @@ async fn a_cutover_that_lost_its_lock_cannot_switch(backend: Backend) {
     parked.release();
     let result = running.await.unwrap();
 
-    assert!(!result.success, "{result:?}");
-    assert_eq!(result.failure, Some(CutoverFailure::StateChanged));
+    let failed = result.expect_err("its lock was taken over");
+    assert_eq!(failed.failure, CutoverFailure::StateChanged);
     assert!(
-        !result.rolled_back,
+        !failed.rolled_back,
         "there was nothing of its own left to roll back"
     );
     assert_eq!(
-        result.error_message,
-        Some(format!(
+        failed.message,
+        format!(
             "Failed to complete cutover: Migration {} is in dual_write phase, not cutover: \
              cutover -> completed was not applied",
             m.id
-        ))
+        )
     );
     let routing = h.store.get_routing(tenant).await.unwrap().unwrap();
     assert_eq!(

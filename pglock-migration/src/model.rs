@@ -74,7 +74,7 @@ impl MigrationPhase {
     /// Whether a migration may move from `self` to `next`.
     ///
     /// ```
-    /// use pglock::migration::MigrationPhase::*;
+    /// use pglock_migration::MigrationPhase::*;
     /// assert!(DualWrite.can_become(Cutover));
     /// assert!(Cutover.can_become(DualWrite)); // the cutover rollback
     /// assert!(Pending.can_become(Aborted));
@@ -162,7 +162,7 @@ impl RoutingState {
     /// Whether routing may move from `self` to `next`.
     ///
     /// ```
-    /// use pglock::migration::RoutingState::*;
+    /// use pglock_migration::RoutingState::*;
     /// assert!(DualWrite.can_become(CutoverPaused));
     /// assert!(CutoverPaused.can_become(DualWrite)); // the cutover rollback
     /// assert!(Migrated.can_become(Normal));
@@ -227,7 +227,7 @@ impl std::error::Error for UnknownName {}
 ///
 /// ```
 /// use std::time::Duration;
-/// use pglock::migration::MigrationConfig;
+/// use pglock_migration::MigrationConfig;
 ///
 /// let config = MigrationConfig::default()
 ///     .cutover_timeout(Duration::from_secs(2))
@@ -285,7 +285,7 @@ impl Default for MigrationConfig {
 }
 
 /// What a new migration is made of; see
-/// [`MigrationStore::create_migration`](super::MigrationStore::create_migration).
+/// [`MigrationStore::create_migration`](crate::MigrationStore::create_migration).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct NewMigration {
@@ -418,7 +418,7 @@ impl TenantRouting {
     /// The stores a write of this tenant goes to now: the primary store first, then the
     /// target while dual-writing.
     ///
-    /// Read the routing *after* entering the tenant's [write gate](super::WriteGate), so a
+    /// Read the routing *after* entering the tenant's [write gate](crate::WriteGate), so a
     /// cutover cannot switch it between the read and the commit. `cutover_paused` is routed
     /// like `dual_write`: seen from inside the gate, it is the leftover of an interrupted
     /// cutover, and the tenant is still served by its source.

@@ -1,11 +1,17 @@
 //! Tenant live migration: move one tenant's events from a source event store to a target store
 //! with no downtime, and switch it over exactly once, correctly, across processes.
 //!
-//! Enable with the `migration` feature. This mirrors the Python original's
-//! `MigrationCoordinator` and `CutoverManager`, and fixes what the lock alone did not make
-//! correct there: state is re-validated under the lock, completion and rollback are written
-//! before the lock is released, the write pause holds across processes, and routing switches
-//! are fenced.
+//! Built on [`pglock`]'s public API: any [`LockManager`](pglock::LockManager) takes the
+//! cutover lock and the write gate. This mirrors the Python original's `MigrationCoordinator`
+//! and `CutoverManager`, and fixes what the lock alone did not make correct there: state is
+//! re-validated under the lock, completion and rollback are written before the lock is
+//! released, the write pause holds across processes, and routing switches are fenced.
+//!
+//! ```toml
+//! [dependencies]
+//! pglock = "0.1"
+//! pglock-migration = "0.1"
+//! ```
 //!
 //! # At a glance
 //!
@@ -13,11 +19,13 @@
 //! | --- | --- |
 //! | [`MigrationCoordinator`] | Start, status, pause/resume/abort, bulk copy to dual writes, trigger the cutover. |
 //! | [`CutoverManager`] | The cutover itself, under `migration_lock_key(tenant, "cutover")`, and its readiness check. |
-//! | [`CutoverResult`], [`CutoverFailure`] | What a cutover did, and why it did not. |
+//! | [`CutoverResult`] = `Result<`[`Cutover`]`, `[`CutoverError`]`>`, [`CutoverFailure`] | What a cutover did, or why it did not. |
+//! | [`Readiness`], [`NotReady`] | Whether a migration could be cut over now, and if not, why. |
 //! | [`WriteGate`] | What writers take (shared) so that the cutover's write pause holds across processes. |
 //! | [`MigrationStore`] (+ [`MigrationRepository`], [`RoutingRepository`], [`AuditLog`]) | The repositories: migrations, tenant routing, audit log. |
 //! | [`PostgresMigrationStore`], [`InMemoryMigrationStore`] | The repositories on PostgreSQL, and in memory for unit tests. |
 //! | [`EventCopier`], [`SyncLag`], [`StoreRegistry`] | What the application plugs in. |
+//! | [`Error`], [`Result`] | The crate's error, wrapping [`pglock::Error`]; [`Error::is_refused`] tells a refused change (nothing written) from a failure. |
 //! | [`telemetry`] | Span and field names. |
 //!
 //! # The life of a migration
@@ -44,7 +52,7 @@
 //!
 //! # Unit tests without PostgreSQL
 //!
-//! [`InMemoryMigrationStore`] and [`InMemoryLockManager`](crate::InMemoryLockManager) run the
+//! [`InMemoryMigrationStore`] and [`InMemoryLockManager`](pglock::InMemoryLockManager) run the
 //! whole workflow in memory, with the same rules; see the example on [`MigrationCoordinator`].
 //!
 //! # Design notes
@@ -62,21 +70,37 @@
 //! * **Every change is compare-and-set, and a cutover attempt has an id.** Entering `cutover`
 //!   stamps the attempt's id on the migration; completion and rollback require it. An attempt
 //!   that lost the race, or its lock, can neither finish nor undo another attempt's cutover.
-//! * **Nothing is left in `cutover`.** A dropped cutover rolls back from its drop guard, on a
-//!   spawned task that keeps the lock and the gate until the rollback is written. A crashed one
-//!   is rolled back by the next cutover of the tenant, which finds it under the lock.
+//! * **Nothing is left in `cutover`.** From just before it enters `cutover`, an attempt's lock
+//!   and gate belong to a rollback guard that rolls back unless disarmed; a dropped cutover's
+//!   guard rolls back on a spawned task that keeps the lock and the gate until the rollback is
+//!   written. A crashed one is rolled back by the next cutover of the tenant, which finds it
+//!   under the lock.
+//! * **One statement of each rule.** What a change does to the migration, routing and audit
+//!   rows (compare-and-set, fencing, phase timestamps, audit records) is written once, as pure
+//!   functions over the model; the PostgreSQL and in-memory stores only store their results.
 //! * **Fencing.** The routing row keeps the newest fencing token that wrote it (`fence`) and
 //!   refuses older ones; a token equal to the fence is the same acquisition writing again.
 //! * **Every event is copied or dual-written, never both, never neither.** The bulk copy's last
 //!   batches and the switch to dual writes happen under the write gate.
 
+#![forbid(unsafe_code)]
+#![warn(
+    missing_docs,
+    unreachable_pub,
+    missing_debug_implementations,
+    rust_2018_idioms
+)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod coordinator;
 mod cutover;
+mod error;
 mod gate;
 mod memory;
 mod model;
 mod plugins;
 mod postgres;
+mod rules;
 mod store;
 pub mod telemetry;
 
@@ -84,9 +108,10 @@ pub use coordinator::{
     DEFAULT_SOURCE_STORE_ID, MigrationCoordinator, MigrationCoordinatorBuilder, MigrationStatus,
 };
 pub use cutover::{
-    CutoverFailure, CutoverManager, CutoverManagerBuilder, CutoverOptions, CutoverResult,
-    DEFAULT_LOCK_TIMEOUT,
+    Cutover, CutoverError, CutoverFailure, CutoverManager, CutoverManagerBuilder, CutoverOptions,
+    CutoverResult, DEFAULT_LOCK_TIMEOUT, NotReady, Readiness,
 };
+pub use error::{Error, Result};
 pub use gate::{WRITE_GATE_OPERATION, WriteGate};
 pub use memory::InMemoryMigrationStore;
 pub use model::{
@@ -98,17 +123,3 @@ pub use postgres::PostgresMigrationStore;
 pub use store::{
     AuditLog, MigrationRepository, MigrationStore, RoutingChange, RoutingRepository, Transition,
 };
-
-/// `Some(x)` as `x`, `None` as `none`; for error messages.
-pub(crate) fn or_none<T: std::fmt::Display>(value: &Option<T>) -> String {
-    value
-        .as_ref()
-        .map_or_else(|| "none".to_owned(), ToString::to_string)
-}
-
-/// `Some(x)` as `{prefix}x`, `None` as nothing; for error messages.
-pub(crate) fn prefixed<T: std::fmt::Display>(prefix: &str, value: &Option<T>) -> String {
-    value
-        .as_ref()
-        .map_or_else(String::new, |value| format!("{prefix}{value}"))
-}

@@ -6,13 +6,11 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use common::migration::{
-    Backend, Harness, Process, SOURCE, TARGET, TestLag, TestStores, coordinator,
-};
-use pglock::Error;
-use pglock::migration::{
+use common::{Backend, Harness, Process, SOURCE, TARGET, TestLag, TestStores, coordinator};
+use pglock_migration::Error;
+use pglock_migration::{
     AuditEvent, BoxError, CopyBatch, CopyRequest, EventCopier, MigrationConfig,
-    MigrationCoordinator, MigrationPhase, RoutingState,
+    MigrationCoordinator, MigrationPhase, Readiness, RoutingState,
 };
 use uuid::Uuid;
 
@@ -415,10 +413,10 @@ async fn trigger_cutover_checks_come_first_and_write_nothing(backend: Backend) {
 
     assert_eq!(
         with_everything.cutover_readiness(m.id).await.unwrap(),
-        (true, None)
+        Readiness::Ready
     );
-    let result = with_everything.trigger_cutover(m.id).await.unwrap();
-    assert!(result.success, "{result:?}");
+    let done = with_everything.trigger_cutover(m.id).await.unwrap();
+    assert_eq!(done.migration_id, m.id);
     let err = with_everything.trigger_cutover(m.id).await.unwrap_err();
     assert_eq!(
         err.to_string(),

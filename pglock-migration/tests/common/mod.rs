@@ -1,0 +1,39 @@
+//! Helpers shared by the migration tests, one file per concern.
+#![allow(dead_code, unused_imports)]
+
+mod db;
+mod fenced;
+mod harness;
+pub mod otel;
+mod plugins;
+
+pub use db::*;
+pub use fenced::Fenced;
+pub use harness::*;
+pub use plugins::*;
+
+/// Turns each scenario `async fn name(backend: Backend)` of the calling test file into two
+/// tests, `memory::name` and `postgres::name`.
+#[allow(unused_macros)]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(super::Backend::Memory).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(super::Backend::Postgres).await
+                }
+            )*
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use on_both_backends;

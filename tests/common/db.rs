@@ -1,0 +1,57 @@
+//! Connections to the test database: pools tagged by application name, unique keys.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+/// The database of this test run (see `pglock::testing::database_url`).
+pub fn url() -> &'static str {
+    pglock::testing::database_url()
+}
+
+/// Connect options for the test database, tagged with `application_name` `app`.
+pub fn options(app: &str) -> PgConnectOptions {
+    let options: PgConnectOptions = url().parse().expect("a valid DATABASE_URL");
+    options.application_name(app)
+}
+
+/// A new pool of at most `max` connections, tagged with `application_name` `app` so the
+/// server's views can tell its sessions apart.
+pub async fn pool_named(max: u32, app: &str) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_with(options(app))
+        .await
+        .unwrap_or_else(|err| panic!("cannot connect to {}: {err}", url()))
+}
+
+/// A new pool of at most `max` connections.
+pub async fn pool(max: u32) -> PgPool {
+    pool_named(max, "pglock-tests").await
+}
+
+/// A unique `application_name` for one test's pool.
+pub fn app_name(label: &str) -> String {
+    format!(
+        "pglock-{label}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+/// A key no other test uses.
+pub fn key(label: &str) -> String {
+    format!("pglock-test:{label}:{}", uuid::Uuid::new_v4())
+}
+
+/// A manager on `pool` whose holder id is the pool's `application_name`, so the sessions it
+/// tags (`pglock:{app}`) can be attributed to the pool.
+pub fn manager_for(pool: PgPool, app: &str) -> pglock::PostgresLockManagerBuilder {
+    pglock::PostgresLockManager::builder(pool).holder_id(app)
+}
+
+/// A pool for looking at the server's views from outside the code under test.
+pub async fn observer() -> PgPool {
+    pool_named(2, "pglock-observer").await
+}
