@@ -8,12 +8,10 @@ use async_trait::async_trait;
 use chrono::Utc;
 use uuid::Uuid;
 
-use crate::model::{
-    AuditEntry, AuditEvent, Migration, MigrationPhase, NewMigration, RoutingState, TenantRouting,
-};
+use crate::model::{AuditEntry, Migration, NewMigration, TenantRouting};
+use crate::rules::{self, AuditRecord};
 use crate::store::{
-    AuditLog, MigrationRepository, MigrationStore, RECORD_PROGRESS, RoutingChange,
-    RoutingRepository, Transition, check_routable,
+    AuditLog, MigrationRepository, MigrationStore, RoutingChange, RoutingRepository, Transition,
 };
 use crate::{Error, Result};
 
@@ -60,8 +58,8 @@ impl InMemoryMigrationStore {
     }
 
     fn data(&self) -> MutexGuard<'_, Data> {
-        // A panic while holding the lock cannot leave a half-applied change: every change is
-        // validated on copies before it is written.
+        // A panic while holding the lock cannot leave a half-applied change: the rules compute
+        // every new row before any is written.
         self.data
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -86,82 +84,32 @@ impl Data {
             .find(|m| m.tenant_id == tenant_id && !m.phase.is_terminal())
     }
 
-    /// The routing row as `change` would leave it, or why it cannot.
-    fn changed_routing(&self, tenant_id: Uuid, change: &RoutingChange) -> Result<TenantRouting> {
-        change.validate(tenant_id)?;
-        let current = self
-            .routing
+    fn migration(&self, id: Uuid) -> Result<&Migration> {
+        self.migrations
+            .get(&id)
+            .ok_or(Error::MigrationNotFound { migration_id: id })
+    }
+
+    fn routing(&self, tenant_id: Uuid) -> Result<&TenantRouting> {
+        self.routing
             .get(&tenant_id)
-            .ok_or(Error::RoutingNotFound { tenant_id })?;
-        if current.state != change.expected {
-            return Err(Error::RoutingStateChanged {
-                tenant_id,
-                expected: change.expected,
-                actual: current.state,
-            });
-        }
-        let mut next = current.clone();
-        if let Some(token) = change.fencing_token {
-            if current.fence > token {
-                return Err(Error::FenceRejected {
-                    tenant_id,
-                    token,
-                    fence: current.fence,
-                });
-            }
-            next.fence = token;
-        }
-        next.state = change.state;
-        next.store_id = change.store_id.clone();
-        next.target_store_id = change.target_store_id.clone();
-        next.active_migration_id = change.active_migration_id;
-        next.updated_at = Utc::now();
-        Ok(next)
+            .ok_or(Error::RoutingNotFound { tenant_id })
     }
 
-    fn audit(&mut self, migration: &Migration, transition: AuditDraft<'_>) {
+    fn write_migration(&mut self, migration: &Migration) {
+        if !self.migrations.contains_key(&migration.id) {
+            self.order.push(migration.id);
+        }
+        self.migrations.insert(migration.id, migration.clone());
+    }
+
+    fn write_routing(&mut self, routing: TenantRouting) {
+        self.routing.insert(routing.tenant_id, routing);
+    }
+
+    fn append(&mut self, record: AuditRecord) {
         let id = self.audit.len() as i64 + 1;
-        self.audit.push(AuditEntry {
-            id,
-            migration_id: migration.id,
-            tenant_id: migration.tenant_id,
-            event: transition.event,
-            from_phase: transition.from,
-            to_phase: transition.to,
-            message: transition.message.map(str::to_owned),
-            cutover_attempt: transition.attempt,
-            fencing_token: transition.fencing_token,
-            events_synced: transition.events_synced,
-            duration_ms: transition.duration_ms,
-            occurred_at: Utc::now(),
-        });
-    }
-}
-
-/// The parts of an audit entry that vary.
-struct AuditDraft<'a> {
-    event: AuditEvent,
-    from: Option<MigrationPhase>,
-    to: Option<MigrationPhase>,
-    message: Option<&'a str>,
-    attempt: Option<Uuid>,
-    fencing_token: Option<i64>,
-    events_synced: Option<u64>,
-    duration_ms: Option<f64>,
-}
-
-impl<'a> AuditDraft<'a> {
-    fn event(event: AuditEvent, message: Option<&'a str>) -> Self {
-        AuditDraft {
-            event,
-            from: None,
-            to: None,
-            message,
-            attempt: None,
-            fencing_token: None,
-            events_synced: None,
-            duration_ms: None,
-        }
+        self.audit.push(record.into_entry(id));
     }
 }
 
@@ -194,24 +142,10 @@ impl MigrationRepository for InMemoryMigrationStore {
         total: Option<u64>,
     ) -> Result<Migration> {
         let mut data = self.data();
-        let migration = data
-            .migrations
-            .get_mut(&id)
-            .ok_or(Error::MigrationNotFound { migration_id: id })?;
-        if migration.phase != MigrationPhase::BulkCopy {
-            return Err(Error::WrongPhase {
-                migration_id: id,
-                operation: RECORD_PROGRESS,
-                phase: migration.phase,
-            });
-        }
-        migration.events_copied += copied;
-        migration.last_source_position = last_position;
-        if total.is_some() {
-            migration.events_total = total;
-        }
-        migration.updated_at = Utc::now();
-        Ok(migration.clone())
+        let current = data.migration(id)?;
+        let migration = rules::record_progress(current, copied, last_position, total, Utc::now())?;
+        data.write_migration(&migration);
+        Ok(migration)
     }
 }
 
@@ -226,7 +160,7 @@ impl RoutingRepository for InMemoryMigrationStore {
         let routing = data
             .routing
             .entry(tenant_id)
-            .or_insert_with(|| new_routing(tenant_id, store_id));
+            .or_insert_with(|| rules::new_routing(tenant_id, store_id, Utc::now()));
         Ok(routing.clone())
     }
 
@@ -235,9 +169,10 @@ impl RoutingRepository for InMemoryMigrationStore {
         tenant_id: Uuid,
         change: &RoutingChange,
     ) -> Result<TenantRouting> {
+        change.validate(tenant_id)?;
         let mut data = self.data();
-        let next = data.changed_routing(tenant_id, change)?;
-        data.routing.insert(tenant_id, next.clone());
+        let next = rules::switch_routing(data.routing(tenant_id)?, change, Utc::now())?;
+        data.write_routing(next.clone());
         Ok(next)
     }
 }
@@ -265,167 +200,39 @@ impl MigrationStore for InMemoryMigrationStore {
                 migration_id: Some(active.id),
             });
         }
-        let mut routing = match data.routing.get(&new.tenant_id) {
-            None => new_routing(new.tenant_id, &new.source_store_id),
-            Some(current) => {
-                check_routable(current, new)?;
-                current.clone()
-            }
-        };
-        routing.state = RoutingState::Normal;
-        routing.target_store_id = Some(new.target_store_id.clone());
-        routing.active_migration_id = Some(new.id);
-        routing.updated_at = Utc::now();
-
         let now = Utc::now();
-        let migration = Migration {
-            id: new.id,
-            tenant_id: new.tenant_id,
-            source_store_id: new.source_store_id.clone(),
-            target_store_id: new.target_store_id.clone(),
-            phase: MigrationPhase::Pending,
-            config: new.config,
-            events_total: None,
-            events_copied: 0,
-            last_source_position: None,
-            cutover_attempt: None,
-            is_paused: false,
-            paused_at: None,
-            pause_reason: None,
-            error_count: 0,
-            last_error: None,
-            last_error_at: None,
-            created_by: new.created_by.clone(),
-            created_at: now,
-            updated_at: now,
-            bulk_copy_started_at: None,
-            dual_write_started_at: None,
-            cutover_started_at: None,
-            finished_at: None,
+        let routing = match data.routing.get(&new.tenant_id) {
+            Some(routing) => routing.clone(),
+            None => rules::new_routing(new.tenant_id, &new.source_store_id, now),
         };
-        data.routing.insert(new.tenant_id, routing);
-        data.migrations.insert(new.id, migration.clone());
-        data.order.push(new.id);
-        let mut draft = AuditDraft::event(AuditEvent::MigrationStarted, None);
-        draft.to = Some(MigrationPhase::Pending);
-        data.audit(&migration, draft);
+        let migration = rules::new_migration(new, now);
+        let (routing, audit) = rules::claim_routing(&migration, &routing, now)?;
+        data.write_migration(&migration);
+        data.write_routing(routing);
+        data.append(audit);
         Ok(migration)
     }
 
     async fn apply_transition(&self, transition: &Transition) -> Result<Migration> {
         transition.validate()?;
         let mut data = self.data();
-        let id = transition.migration_id;
-        let current = data
-            .migrations
-            .get(&id)
-            .ok_or(Error::MigrationNotFound { migration_id: id })?;
-        if current.phase != transition.from {
-            return Err(Error::PhaseChanged {
-                migration_id: id,
-                expected: transition.from,
-                actual: current.phase,
-                to: transition.to,
-            });
+        let current = data.migration(transition.migration_id)?;
+        let routing = data.routing.get(&transition.tenant_id);
+        let applied = rules::apply_transition(current, routing, transition, Utc::now())?;
+        data.write_migration(&applied.migration);
+        if let Some(routing) = applied.routing {
+            data.write_routing(routing);
         }
-        if let Some(expected) = transition.expected_attempt
-            && current.cutover_attempt != Some(expected)
-        {
-            return Err(Error::StaleCutoverAttempt {
-                migration_id: id,
-                expected,
-                actual: current.cutover_attempt,
-            });
-        }
-        // Everything is checked before anything is written: all or nothing.
-        let routing = match &transition.routing {
-            Some(change) => Some(data.changed_routing(transition.tenant_id, change)?),
-            None => None,
-        };
-        let now = Utc::now();
-        let mut migration = current.clone();
-        migration.phase = transition.to;
-        migration.cutover_attempt = transition.new_attempt;
-        migration.updated_at = now;
-        match transition.to {
-            MigrationPhase::BulkCopy => migration.bulk_copy_started_at = Some(now),
-            MigrationPhase::DualWrite if transition.from == MigrationPhase::BulkCopy => {
-                migration.dual_write_started_at = Some(now)
-            }
-            MigrationPhase::Cutover => migration.cutover_started_at = Some(now),
-            phase if phase.is_terminal() => migration.finished_at = Some(now),
-            _ => {}
-        }
-        if let Some(error) = &transition.error {
-            migration.error_count += 1;
-            migration.last_error = Some(error.clone());
-            migration.last_error_at = Some(now);
-        }
-        if let Some(routing) = routing {
-            data.routing.insert(transition.tenant_id, routing);
-        }
-        data.migrations.insert(id, migration.clone());
-        data.audit(
-            &migration,
-            AuditDraft {
-                event: transition.event,
-                from: Some(transition.from),
-                to: Some(transition.to),
-                message: transition.message.as_deref(),
-                attempt: transition.new_attempt.or(transition.expected_attempt),
-                fencing_token: transition.routing.as_ref().and_then(|r| r.fencing_token),
-                events_synced: transition.events_synced,
-                duration_ms: transition.duration_ms,
-            },
-        );
-        Ok(migration)
+        data.append(applied.audit);
+        Ok(applied.migration)
     }
 
     async fn set_paused(&self, id: Uuid, paused: bool, reason: Option<&str>) -> Result<Migration> {
         let mut data = self.data();
-        let migration = data
-            .migrations
-            .get_mut(&id)
-            .ok_or(Error::MigrationNotFound { migration_id: id })?;
-        if migration.phase.is_terminal() {
-            return Err(Error::WrongPhase {
-                migration_id: id,
-                operation: if paused {
-                    "pause migration"
-                } else {
-                    "resume migration"
-                },
-                phase: migration.phase,
-            });
-        }
-        let now = Utc::now();
-        migration.is_paused = paused;
-        migration.paused_at = paused.then_some(now);
-        migration.pause_reason = if paused {
-            reason.map(str::to_owned)
-        } else {
-            None
-        };
-        migration.updated_at = now;
-        let migration = migration.clone();
-        let event = if paused {
-            AuditEvent::MigrationPaused
-        } else {
-            AuditEvent::MigrationResumed
-        };
-        data.audit(&migration, AuditDraft::event(event, reason));
+        let current = data.migration(id)?;
+        let (migration, audit) = rules::set_paused(current, paused, reason, Utc::now())?;
+        data.write_migration(&migration);
+        data.append(audit);
         Ok(migration)
-    }
-}
-
-fn new_routing(tenant_id: Uuid, store_id: &str) -> TenantRouting {
-    TenantRouting {
-        tenant_id,
-        store_id: store_id.to_owned(),
-        target_store_id: None,
-        state: RoutingState::Normal,
-        active_migration_id: None,
-        fence: 0,
-        updated_at: Utc::now(),
     }
 }

@@ -359,25 +359,3 @@ impl Transition {
         }
     }
 }
-
-/// Whether a tenant routed as `current` can start `new`.
-pub(super) fn check_routable(current: &TenantRouting, new: &NewMigration) -> Result<()> {
-    if !matches!(current.state, RoutingState::Normal | RoutingState::Migrated) {
-        return Err(Error::RoutingStateChanged {
-            tenant_id: new.tenant_id,
-            expected: RoutingState::Normal,
-            actual: current.state,
-        });
-    }
-    if current.store_id != new.source_store_id {
-        return Err(Error::StoreMismatch {
-            tenant_id: new.tenant_id,
-            expected: new.source_store_id.clone(),
-            actual: current.store_id.clone(),
-        });
-    }
-    Ok(())
-}
-
-/// The operation named by [`Error::WrongPhase`] when progress is recorded outside `bulk_copy`.
-pub(super) const RECORD_PROGRESS: &str = "record copy progress";

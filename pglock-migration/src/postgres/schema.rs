@@ -1,0 +1,146 @@
+//! The tables: their names (in an optional schema), their DDL, their columns.
+
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+
+use crate::{Error, Result};
+
+/// The qualified, quoted table names, substituted into the statement templates.
+#[derive(Debug)]
+pub(super) struct Tables {
+    pub(super) schema: Option<String>,
+    pub(super) quoted_schema: Option<String>,
+    migrations: String,
+    routing: String,
+    audit: String,
+}
+
+impl Tables {
+    pub(super) fn new(schema: Option<&str>) -> Result<Self> {
+        let quoted_schema = schema.map(quote_identifier).transpose()?;
+        let qualify = |table: &str| match &quoted_schema {
+            Some(schema) => format!("{schema}.{table}"),
+            None => table.to_owned(),
+        };
+        Ok(Tables {
+            schema: schema.map(str::to_owned),
+            migrations: qualify("pglock_tenant_migrations"),
+            routing: qualify("pglock_tenant_routing"),
+            audit: qualify("pglock_migration_audit_log"),
+            quoted_schema,
+        })
+    }
+
+    /// A statement template with its table placeholders filled in. The only text substituted
+    /// is the validated, quoted identifiers above: values are always bound parameters.
+    pub(super) fn sql(&self, template: &str) -> SqlStr {
+        AssertSqlSafe(
+            template
+                .replace("{migrations}", &self.migrations)
+                .replace("{routing}", &self.routing)
+                .replace("{audit}", &self.audit),
+        )
+        .into_sql_str()
+    }
+}
+
+/// Quotes a configured identifier for PostgreSQL, refusing what it cannot be.
+fn quote_identifier(name: &str) -> Result<String> {
+    let invalid = |reason| Error::InvalidIdentifier {
+        name: name.to_owned(),
+        reason,
+    };
+    if name.is_empty() {
+        return Err(invalid("it is empty"));
+    }
+    if name.len() > 63 {
+        return Err(invalid("it is longer than PostgreSQL's 63 bytes"));
+    }
+    if name.contains('\0') {
+        return Err(invalid("it contains a NUL character"));
+    }
+    Ok(format!("\"{}\"", name.replace('"', "\"\"")))
+}
+
+pub(super) const DDL: &str = r#"
+CREATE TABLE IF NOT EXISTS {migrations} (
+    id uuid PRIMARY KEY,
+    tenant_id uuid NOT NULL,
+    source_store_id text NOT NULL,
+    target_store_id text NOT NULL,
+    phase text NOT NULL CHECK (phase IN
+        ('pending', 'bulk_copy', 'dual_write', 'cutover', 'completed', 'aborted', 'failed')),
+    cutover_timeout_ms integer NOT NULL CHECK (cutover_timeout_ms > 0),
+    max_lag_events bigint NOT NULL CHECK (max_lag_events >= 0),
+    batch_size integer NOT NULL CHECK (batch_size > 0),
+    events_total bigint,
+    events_copied bigint NOT NULL DEFAULT 0,
+    last_source_position bigint,
+    cutover_attempt uuid,
+    is_paused boolean NOT NULL DEFAULT false,
+    paused_at timestamptz,
+    pause_reason text,
+    error_count integer NOT NULL DEFAULT 0,
+    last_error text,
+    last_error_at timestamptz,
+    created_by text,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    bulk_copy_started_at timestamptz,
+    dual_write_started_at timestamptz,
+    cutover_started_at timestamptz,
+    finished_at timestamptz,
+    CHECK ((phase = 'cutover') = (cutover_attempt IS NOT NULL))
+);
+CREATE UNIQUE INDEX IF NOT EXISTS pglock_tenant_migrations_one_active
+    ON {migrations} (tenant_id)
+    WHERE phase NOT IN ('completed', 'aborted', 'failed');
+CREATE TABLE IF NOT EXISTS {routing} (
+    tenant_id uuid PRIMARY KEY,
+    store_id text NOT NULL,
+    target_store_id text,
+    migration_state text NOT NULL CHECK (migration_state IN
+        ('normal', 'bulk_copy', 'dual_write', 'cutover_paused', 'migrated')),
+    active_migration_id uuid REFERENCES {migrations} (id) ON DELETE SET NULL,
+    fence bigint NOT NULL DEFAULT 0,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    updated_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE TABLE IF NOT EXISTS {audit} (
+    id bigserial PRIMARY KEY,
+    migration_id uuid NOT NULL REFERENCES {migrations} (id) ON DELETE CASCADE,
+    tenant_id uuid NOT NULL,
+    event_type text NOT NULL CHECK (event_type IN
+        ('migration_started', 'phase_changed', 'migration_paused', 'migration_resumed',
+         'migration_aborted', 'migration_failed', 'cutover_initiated', 'cutover_completed',
+         'cutover_rolled_back')),
+    from_phase text,
+    to_phase text,
+    message text,
+    cutover_attempt uuid,
+    fencing_token bigint,
+    events_synced bigint,
+    duration_ms double precision,
+    occurred_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS pglock_migration_audit_log_by_migration
+    ON {audit} (migration_id, id);
+"#;
+
+/// The key of the advisory lock that serialises schema setup across processes: concurrent
+/// `CREATE ... IF NOT EXISTS` of one table can otherwise fail on the catalog's unique indexes.
+pub(super) const SCHEMA_LOCK_KEY: &str = "pglock:migration-schema";
+
+/// The name of the partial unique index; a violation of it means "already has an active one".
+pub(super) const ONE_ACTIVE_INDEX: &str = "pglock_tenant_migrations_one_active";
+
+pub(super) const MIGRATION_COLUMNS: &str = "id, tenant_id, source_store_id, target_store_id, phase, \
+    cutover_timeout_ms, max_lag_events, batch_size, events_total, events_copied, \
+    last_source_position, cutover_attempt, is_paused, paused_at, pause_reason, error_count, \
+    last_error, last_error_at, created_by, created_at, updated_at, bulk_copy_started_at, \
+    dual_write_started_at, cutover_started_at, finished_at";
+
+pub(super) const ROUTING_COLUMNS: &str = "tenant_id, store_id, target_store_id, migration_state, \
+    active_migration_id, fence, updated_at";
+
+/// The terminal phases, as an SQL list.
+pub(super) const TERMINAL: &str = "('completed', 'aborted', 'failed')";
