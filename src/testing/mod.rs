@@ -10,8 +10,9 @@
 //! * [`conformance`]: the contract of [`LockManager`](crate::LockManager) as executable cases.
 //!   [`conformance_tests!`](crate::conformance_tests) turns them into one `#[tokio::test]` per
 //!   case for any manager, yours included.
-//! * [`database_url`] and [`TempPostgres`]: a real PostgreSQL for tests, from `DATABASE_URL` or
-//!   from a throwaway server started from the installed binaries.
+//! * [`database_url`]: a real PostgreSQL for tests, from `DATABASE_URL` or from a throwaway
+//!   server started from the installed binaries and shared by every test binary of the run;
+//!   [`TempPostgres`]: a server of a test's own, to stop, restart or reconfigure.
 //! * [`Stage`], [`pause_at`]: stop an operation of this crate's managers at a chosen await
 //!   point, to test what happens when it is cancelled there.
 
@@ -24,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::{Notify, Semaphore};
 
 pub use crate::core::{Hook as StageHook, Stage};
-pub use server::{TempPostgres, database_url, shared_server};
+pub use server::{TempPostgres, database_url, run_server_url_for, shared_server};
 
 /// A hook that parks the first operation reaching `stage` until [`Pause::resume`] (or forever),
 /// so a test can cancel the operation exactly there.
