@@ -3,12 +3,14 @@
 
 mod db;
 mod fenced;
+mod flaky;
 mod harness;
 pub mod otel;
 mod plugins;
 
 pub use db::*;
 pub use fenced::Fenced;
+pub use flaky::{Fault, FlakyStore};
 pub use harness::*;
 pub use plugins::*;
 
