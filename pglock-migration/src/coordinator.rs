@@ -339,33 +339,7 @@ impl MigrationCoordinator {
         })?;
         let mut migration = self.migration(id).await?;
         match migration.phase {
-            MigrationPhase::Pending => {
-                let routing = RoutingChange::new(
-                    RoutingState::Normal,
-                    RoutingState::BulkCopy,
-                    migration.source_store_id.clone(),
-                )
-                .target(Some(migration.target_store_id.clone()))
-                .owner(Some(id));
-                let start = Transition::new(
-                    &migration,
-                    MigrationPhase::BulkCopy,
-                    AuditEvent::PhaseChanged,
-                )
-                .routing(routing);
-                migration = self.store.apply_transition(&start).await?;
-                let total = copier
-                    .count_events(migration.tenant_id, &migration.source_store_id)
-                    .await
-                    .map_err(|source| Error::PluginFailed {
-                        migration_id: id,
-                        operation: "Counting events",
-                        source,
-                    })?;
-                if total.is_some() {
-                    migration = self.store.record_progress(id, 0, None, total).await?;
-                }
-            }
+            MigrationPhase::Pending => migration = self.start_bulk_copy(copier, &migration).await?,
             MigrationPhase::BulkCopy => {}
             phase => {
                 return Err(Error::WrongPhase {
@@ -383,7 +357,53 @@ impl MigrationCoordinator {
         if migration.is_paused {
             return Ok(migration);
         }
+        self.switch_to_dual_writes(copier, migration).await
+    }
 
+    /// `pending -> bulk_copy`, routing `normal -> bulk_copy`, then the event count.
+    async fn start_bulk_copy(
+        &self,
+        copier: &dyn EventCopier,
+        migration: &Migration,
+    ) -> Result<Migration> {
+        let id = migration.id;
+        let routing = RoutingChange::new(
+            RoutingState::Normal,
+            RoutingState::BulkCopy,
+            migration.source_store_id.clone(),
+        )
+        .target(Some(migration.target_store_id.clone()))
+        .owner(Some(id));
+        let start = Transition::new(
+            migration,
+            MigrationPhase::BulkCopy,
+            AuditEvent::PhaseChanged,
+        )
+        .routing(routing);
+        let started = self.store.apply_transition(&start).await?;
+        let total = copier
+            .count_events(started.tenant_id, &started.source_store_id)
+            .await
+            .map_err(|source| Error::PluginFailed {
+                migration_id: id,
+                operation: "Counting events",
+                source,
+            })?;
+        match total {
+            Some(_) => self.store.record_progress(id, 0, None, total).await,
+            None => Ok(started),
+        }
+    }
+
+    /// Holding the write gate, so that no write is in flight: copies the last appends, then
+    /// switches phase and routing to `dual_write`. The gate guard releases the gate if this
+    /// future is dropped.
+    async fn switch_to_dual_writes(
+        &self,
+        copier: &dyn EventCopier,
+        migration: Migration,
+    ) -> Result<Migration> {
+        let id = migration.id;
         let gate = match &self.locks {
             Some(locks) => Some(
                 locks
@@ -401,7 +421,6 @@ impl MigrationCoordinator {
                 None
             }
         };
-        // No write is in flight now: copy the last appends, then switch.
         let caught_up = self
             .copy_batches(copier, migration, CopyUntil::Empty)
             .await?;

@@ -55,13 +55,13 @@ pub const REASON: &str = "pglock.migration.reason";
 pub mod outcome {
     /// The cutover switched the tenant.
     pub const SUCCEEDED: &str = "succeeded";
-    /// The cutover did not switch the tenant; [`FAILURE`](crate::FAILURE) says why.
+    /// The cutover did not switch the tenant; [`FAILURE`](crate::telemetry::FAILURE) says why.
     pub const FAILED: &str = "failed";
     /// A rollback put the tenant back into `dual_write`.
     pub const ROLLED_BACK: &str = "rolled_back";
     /// The readiness check said yes.
     pub const READY: &str = "ready";
-    /// The readiness check said no; [`REASON`](crate::REASON) says why.
+    /// The readiness check said no; [`REASON`](crate::telemetry::REASON) says why.
     pub const NOT_READY: &str = "not_ready";
     /// The operation failed with an error.
     pub const ERROR: &str = "error";
