@@ -19,7 +19,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// | --- | --- | --- |
 /// | [`AcquisitionFailed`](Error::AcquisitionFailed) with [`AcquireFailure::Timeout`] | someone else held the lock until the deadline | skip this round, or retry later |
 /// | [`AcquisitionFailed`](Error::AcquisitionFailed) with [`AcquireFailure::Database`] | the server refused the statement | inspect the message; often a server-side `lock_timeout` or `statement_timeout` |
-/// | [`PoolExhausted`](Error::PoolExhausted) | every pooled connection was busy until the deadline | size the pool for one connection per held lock, or use a dedicated pool |
+/// | [`PoolExhausted`](Error::PoolExhausted) | every pooled connection was busy until the deadline | give the lock manager room in the pool (see the manager's pool sizing), or a pool of its own |
+/// | [`PoolClosed`](Error::PoolClosed) | the pool was closed | the application is shutting down |
+/// | [`TooManyConnections`](Error::TooManyConnections) | the server refused a new connection: too many clients | lower the pools' sizes, or raise the server's `max_connections` |
+/// | [`Standby`](Error::Standby) | the pool points at a standby | point the lock pool at the primary |
 /// | [`Connection`](Error::Connection) | no session could be opened or it broke | the database is unreachable; retry with backoff |
 /// | [`NotHeld`](Error::NotHeld) | `release` of a key this manager does not hold | a bookkeeping bug in the caller, or the lock was already released |
 /// | [`ReleaseFailed`](Error::ReleaseFailed) | the server did not confirm the unlock | nothing to undo: the session was closed, which frees the lock on the server |
@@ -56,8 +59,8 @@ pub enum Error {
 
     /// Every connection of the pool stayed checked out until the deadline.
     ///
-    /// Each held lock pins one pooled connection for as long as it is held; size the pool (or a
-    /// dedicated lock pool) accordingly.
+    /// A manager needs a few connections of its pool: its lock sessions, and one per key it
+    /// waits for on the server (see the manager's documentation on pool sizing).
     #[error(
         "Failed to acquire lock '{key}': connection pool exhausted \
          (all {max_connections} connections in use, waited {waited:?})"
@@ -69,6 +72,40 @@ pub enum Error {
         max_connections: u32,
         /// How long the checkout waited before giving up.
         waited: Duration,
+    },
+
+    /// The pool was closed ([`sqlx::Pool::close`]), so no session can be had from it.
+    #[error("Failed to acquire lock '{key}': the connection pool is closed")]
+    PoolClosed {
+        /// The key that was requested.
+        key: String,
+    },
+
+    /// The server refused a new connection because it serves as many clients as it allows
+    /// (SQLSTATE 53300, `max_connections`).
+    ///
+    /// Every pool of every process counts against that limit: lower the pools' sizes, or raise
+    /// the server's `max_connections`.
+    #[error("Failed to acquire lock '{key}': the server refused a new connection: {reason}")]
+    TooManyConnections {
+        /// The key that was requested.
+        key: String,
+        /// The server's message.
+        reason: String,
+    },
+
+    /// The server is a standby (in recovery) and the manager refuses to take locks there.
+    ///
+    /// Advisory locks are not replicated: a lock granted by a standby excludes nothing on the
+    /// primary or on other standbys, so two holders could both believe they hold the key. Point
+    /// the lock manager's pool at the primary (a read-write endpoint).
+    #[error(
+        "Failed to acquire lock '{key}': the server is a standby (in recovery); advisory locks \
+         taken there exclude nothing on the primary. Point the lock pool at the primary."
+    )]
+    Standby {
+        /// The key that was requested.
+        key: String,
     },
 
     /// No database session could be opened, or the session broke mid-operation.
@@ -350,6 +387,9 @@ impl Error {
             Error::AcquisitionFailed { key, .. }
             | Error::NotHeld { key }
             | Error::PoolExhausted { key, .. }
+            | Error::PoolClosed { key }
+            | Error::TooManyConnections { key, .. }
+            | Error::Standby { key }
             | Error::Connection { key, .. }
             | Error::ReleaseFailed { key, .. }
             | Error::LockLost { key, .. }
@@ -440,6 +480,9 @@ pub enum ReleaseFailure {
     Database(String),
     /// The server did not answer the unlock within the release timeout.
     Timeout(Duration),
+    /// The session holding the lock had already closed (its connection broke, or an earlier
+    /// statement on it went unanswered), which frees the lock on the server.
+    SessionClosed,
 }
 
 impl fmt::Display for ReleaseFailure {
@@ -452,6 +495,7 @@ impl fmt::Display for ReleaseFailure {
             ReleaseFailure::Timeout(t) => {
                 write!(f, "no answer to the unlock within {}s", python_float(t))
             }
+            ReleaseFailure::SessionClosed => f.write_str("the session holding the lock had closed"),
         }
     }
 }

@@ -125,16 +125,20 @@ async fn one_deadline_covers_the_local_queue_and_the_server_wait() {
 
 #[tokio::test]
 async fn a_deadline_spent_waiting_for_the_pool_is_reported_as_exhaustion() {
+    // The only connection is the lock session's; a key held elsewhere needs one more to wait on.
     let locks = manager("exhausted", 1).await;
+    let holder = manager("holder", 2).await;
+    let starved = key("starved");
+    let held = holder.acquire(&starved, None).await.expect("acquire");
     let pinning = locks.acquire(&key("pinning"), None).await.expect("acquire");
     let mut observed = Vec::new();
     for _ in 0..5 {
         let timeout = Duration::from_millis(50);
         let started = Instant::now();
         let err = locks
-            .acquire(&key("starved"), Some(timeout))
+            .acquire(&starved, Some(timeout))
             .await
-            .expect_err("the only connection is pinned");
+            .expect_err("the only connection is the lock session");
         let elapsed = started.elapsed();
         assert!(matches!(err, Error::PoolExhausted { .. }), "{err:?}");
         assert!(elapsed >= timeout, "{elapsed:?}");
@@ -143,6 +147,7 @@ async fn a_deadline_spent_waiting_for_the_pool_is_reported_as_exhaustion() {
     observed.sort();
     assert_close("pool checkout, timeout 50ms", &observed);
     assert!(pinning.release().await.expect("release"));
+    assert!(held.release().await.expect("release"));
 }
 
 #[tokio::test]
