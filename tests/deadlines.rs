@@ -172,3 +172,42 @@ async fn a_zero_timeout_is_one_immediate_try() {
     );
     assert!(held.release().await.expect("release"));
 }
+
+#[tokio::test]
+async fn deadlines_beyond_what_the_server_takes_wait_as_asked() {
+    let observer = common::observer().await;
+    let holder = manager("holder", 2).await;
+    let app = app_name("far-deadline");
+    let locks = common::manager_for(pool_named(3, &app).await, &app).build();
+    let key = key("far-deadline");
+    // `Duration::MAX` does not fit the clock: it waits like no deadline. Forty days is more
+    // than PostgreSQL's largest lock_timeout (about 24.8 days): it waits in steps of that.
+    let forty_days = Duration::from_secs(40 * 24 * 3600);
+    for (timeout, lock_timeout) in [
+        (Duration::MAX, None),
+        (forty_days, Some("lock_timeout = 2147483647")),
+    ] {
+        let held = holder.acquire(&key, None).await.expect("acquire");
+        let waiter = tokio::spawn({
+            let (locks, key) = (locks.clone(), key.clone());
+            async move { locks.acquire(&key, Some(timeout)).await }
+        });
+        common::eventually("the waiter queues on the server", || async {
+            common::sessions_of(&observer, &app).await.iter().any(|s| {
+                s.wait_event.as_deref() == Some("advisory")
+                    && s.query.as_deref().is_some_and(|q| match lock_timeout {
+                        Some(setting) => q.contains(setting),
+                        None => !q.contains("lock_timeout"),
+                    })
+            })
+        })
+        .await;
+        assert!(held.release().await.expect("release"));
+        let guard = tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("granted once released")
+            .expect("join")
+            .unwrap_or_else(|err| panic!("{timeout:?} must wait, not fail: {err:?}"));
+        assert!(guard.release().await.expect("release"));
+    }
+}

@@ -46,9 +46,10 @@ struct Inner {
 struct State {
     live: Vec<Arc<LockSession>>,
     opening: usize,
-    /// How many openings have failed, and the latest failure.
-    failures: u64,
-    last_failure: Option<Failure>,
+    /// How many openings have started; each is numbered by this count.
+    attempts: u64,
+    /// The latest failed opening, by number.
+    failure: Option<(u64, Failure)>,
 }
 
 impl LockSessions {
@@ -86,7 +87,9 @@ impl LockSessions {
     /// Cancel safe: openings run on tasks of their own and complete either way.
     pub(crate) async fn get(&self, key: &str, deadline: Instant) -> Result<Arc<LockSession>> {
         let started = Instant::now();
-        let mut failures_before = None;
+        // Only openings started after this call count: an older one may have failed for a
+        // reason that no longer holds.
+        let mut attempts_before = None;
         loop {
             let changed = self.inner.changed.notified();
             tokio::pin!(changed);
@@ -94,7 +97,7 @@ impl LockSessions {
             {
                 let mut state = self.inner.state();
                 state.live.retain(|session| session.is_available());
-                let seen = *failures_before.get_or_insert(state.failures);
+                let seen = *attempts_before.get_or_insert(state.attempts);
                 if let Some(best) = state.least_busy() {
                     if best.queued() > 0 && state.live.len() + state.opening < self.inner.config.max
                     {
@@ -102,9 +105,8 @@ impl LockSessions {
                     }
                     return Ok(best);
                 }
-                if state.failures > seen {
-                    let failure = state.last_failure.clone().expect("set with the count");
-                    return Err(failure.into_error(key));
+                if let Some((_, failure)) = state.failure.as_ref().filter(|(n, _)| *n > seen) {
+                    return Err(failure.clone().into_error(key));
                 }
                 if state.opening == 0 {
                     self.inner.open_in_background(&mut state);
@@ -138,10 +140,11 @@ impl Inner {
 
     fn open_in_background(self: &Arc<Self>, state: &mut State) {
         state.opening += 1;
-        drop(tokio::spawn(Arc::clone(self).open()));
+        state.attempts += 1;
+        drop(tokio::spawn(Arc::clone(self).open(state.attempts)));
     }
 
-    async fn open(self: Arc<Self>) {
+    async fn open(self: Arc<Self>, attempt: u64) {
         let started = Instant::now();
         let opened = match timeout(self.config.open_timeout, self.connect()).await {
             Ok(opened) => opened,
@@ -159,8 +162,7 @@ impl Inner {
                 Ok(session) => state.live.push(session),
                 Err(failure) => {
                     tracing::debug!(?failure, "could not open a lock session");
-                    state.failures += 1;
-                    state.last_failure = Some(failure);
+                    state.failure = Some((attempt, failure));
                 }
             }
         }
