@@ -463,8 +463,16 @@ impl Task {
                 self.conn.mark_clean();
                 Err(SessionError::Database(err))
             }
-            Ok(Err(err)) => Err(SessionError::Closed(Some(err))),
-            Err(_) => Err(SessionError::Unanswered(self.context.statement_timeout)),
+            // The session is done for: stop handing it out before anyone hears of it, so a
+            // caller that retries is given another.
+            Ok(Err(err)) => {
+                self.shared.unavailable.store(true, Ordering::SeqCst);
+                Err(SessionError::Closed(Some(err)))
+            }
+            Err(_) => {
+                self.shared.unavailable.store(true, Ordering::SeqCst);
+                Err(SessionError::Unanswered(self.context.statement_timeout))
+            }
         }
     }
 }
