@@ -430,8 +430,12 @@ async fn run(test: &str, pattern: Pattern, goal: &Goal) -> Run {
             .expect("a worker is ready");
     }
     let mut run = kill_holders(&db, &spec.keys, goal, &refused).await;
-    (run.accepted, run.failed) = stop_workers(workers).await;
-    run.refused = refused.load(Ordering::SeqCst);
+    (run.accepted, run.refused, run.failed) = stop_workers(workers).await;
+    assert_eq!(
+        run.refused,
+        refused.load(Ordering::SeqCst),
+        "the refusals reported at the end are those seen live"
+    );
     run.finals = read_counters(&db, &spec.table, &spec.rows).await;
     clean_up(&db, &spec).await;
     run
@@ -472,12 +476,13 @@ async fn create_counters(db: &PgPool, pattern: Pattern) -> Spec {
 }
 
 /// Closes the workers' stdin, which tells them to finish the increment at hand and report;
-/// returns the increments they counted as accepted per counter, and their failed acquisitions.
-async fn stop_workers(mut workers: Vec<Worker>) -> (Vec<u64>, u64) {
+/// returns the increments they counted as accepted per counter, their refusals and their failed
+/// acquisitions.
+async fn stop_workers(mut workers: Vec<Worker>) -> (Vec<u64>, u64, u64) {
     for worker in &mut workers {
         worker.stdin.take();
     }
-    let (mut accepted, mut failed) = (vec![0; COUNTERS], 0);
+    let (mut accepted, mut refused, mut failed) = (vec![0; COUNTERS], 0, 0);
     for mut worker in workers {
         let tallies = tokio::time::timeout(WORKER_DEADLINE, &mut worker.report)
             .await
@@ -490,10 +495,11 @@ async fn stop_workers(mut workers: Vec<Worker>) -> (Vec<u64>, u64) {
         assert!(status.success(), "a worker failed: {status}");
         for (counter, tally) in tallies.iter().enumerate() {
             accepted[counter] += tally.accepted;
+            refused += tally.refused;
             failed += tally.failed;
         }
     }
-    (accepted, failed)
+    (accepted, refused, failed)
 }
 
 /// The workers are gone, so their locks must be too; then the run's tables go.
@@ -653,140 +659,179 @@ async fn the_write_side_check_alone_loses_updates() {
     );
 }
 
-#[tokio::test]
-async fn a_raised_fence_refuses_lower_tokens_and_unraised_writes() {
-    let db = common::pool(3).await;
-    // A name that would break out of an unquoted statement; the row fence quotes it.
-    let table = format!(
-        "rmw \"t\"; DROP TABLE x {}",
-        &Uuid::new_v4().simple().to_string()[..12]
-    );
-    let quoted = format!("\"{}\"", table.replace('"', "\"\""));
-    sqlx::query(AssertSqlSafe(format!(
-        "CREATE TABLE {quoted} (id uuid PRIMARY KEY, value bigint NOT NULL, fence bigint)"
-    )))
-    .execute(&db)
-    .await
-    .expect("create");
-    let (row, fresh) = (Uuid::new_v4(), Uuid::new_v4());
-    for id in [row, fresh] {
+/// A table of two counter rows at 10, never fenced, under a name that would break out of an
+/// unquoted statement, with its `RowFence` and three tokens in minting order.
+struct Fixture {
+    db: PgPool,
+    quoted: String,
+    fence: RowFence,
+    row: Uuid,
+    fresh: Uuid,
+    tokens: [i64; 3],
+}
+
+impl Fixture {
+    async fn new() -> Fixture {
+        let db = common::pool(3).await;
+        let table = format!(
+            "rmw \"t\"; DROP TABLE x {}",
+            &Uuid::new_v4().simple().to_string()[..12]
+        );
+        let quoted = format!("\"{}\"", table.replace('"', "\"\""));
         sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {quoted} (id, value) VALUES ($1, 10)"
+            "CREATE TABLE {quoted} (id uuid PRIMARY KEY, value bigint NOT NULL, fence bigint)"
         )))
-        .bind(id)
         .execute(&db)
         .await
-        .expect("insert");
+        .expect("create");
+        let (row, fresh) = (Uuid::new_v4(), Uuid::new_v4());
+        for id in [row, fresh] {
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {quoted} (id, value) VALUES ($1, 10)"
+            )))
+            .bind(id)
+            .execute(&db)
+            .await
+            .expect("insert");
+        }
+        let fence = counter_fence(&table);
+        assert_eq!(
+            fence.table(),
+            quoted,
+            "the name is quoted, whatever it holds"
+        );
+        let tokens = three_tokens().await;
+        Fixture {
+            db,
+            quoted,
+            fence,
+            row,
+            fresh,
+            tokens,
+        }
     }
-    let fence = RowFence::new(&table, "id", "fence")
-        .expect("valid")
-        .returning(&["value"])
-        .expect("valid");
-    assert_eq!(fence.table(), quoted);
-    let [old, new, newer] = three_tokens().await;
 
-    // The first holder raises, reads and writes.
-    assert_eq!(
-        fence.raise::<_, _, (i64,)>(&db, row, old).await.unwrap(),
-        (10,)
-    );
-    fence.write(&db, row, old, "value", 11_i64).await.unwrap();
-    // A newer holder raises; the old one can neither write nor read any more.
-    assert_eq!(
-        fence.raise::<_, _, (i64,)>(&db, row, new).await.unwrap(),
-        (11,)
-    );
-    let stale = fence
-        .write(&db, row, old, "value", 99_i64)
+    async fn raise(&self, row: Uuid, token: i64) -> pglock::Result<i64> {
+        let (value,): (i64,) = self.fence.raise(&self.db, row, token).await?;
+        Ok(value)
+    }
+
+    async fn write(&self, row: Uuid, token: i64, value: i64) -> pglock::Result<()> {
+        self.fence.write(&self.db, row, token, "value", value).await
+    }
+
+    /// The row's value and fence as stored.
+    async fn stored(&self, row: Uuid) -> (i64, Option<i64>) {
+        sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT value, fence FROM {} WHERE id = $1",
+            self.quoted
+        )))
+        .bind(row)
+        .fetch_one(&self.db)
         .await
-        .unwrap_err();
+        .expect("read")
+    }
+
+    async fn drop_table(self) {
+        sqlx::query(AssertSqlSafe(format!("DROP TABLE {}", self.quoted)))
+            .execute(&self.db)
+            .await
+            .expect("drop");
+    }
+}
+
+#[tokio::test]
+async fn a_raised_fence_refuses_lower_tokens() {
+    let f = Fixture::new().await;
+    let [old, new, _] = f.tokens;
+    // The first holder raises, reads and writes.
+    assert_eq!(f.raise(f.row, old).await.unwrap(), 10);
+    f.write(f.row, old, 11).await.unwrap();
+    // A newer holder raises; the old one can neither write nor read any more.
+    assert_eq!(f.raise(f.row, new).await.unwrap(), 11);
+    let stale = f.write(f.row, old, 99).await.unwrap_err();
     assert!(
         matches!(&stale, Error::StaleFencingToken { token, fence, .. } if (*token, *fence) == (old, new)),
         "{stale:?}"
     );
     assert_eq!(
         stale.to_string(),
-        format!("Stale fencing token {old} for row {row} of {quoted}: its fence is at {new}")
+        format!(
+            "Stale fencing token {old} for row {} of {}: its fence is at {new}",
+            f.row, f.quoted
+        )
     );
-    let stale = fence
-        .raise::<_, _, (i64,)>(&db, row, old)
-        .await
-        .unwrap_err();
+    let stale = f.raise(f.row, old).await.unwrap_err();
     assert!(
         matches!(stale, Error::StaleFencingToken { .. }),
         "{stale:?}"
     );
-    // The same token raises again, and writes.
-    assert_eq!(
-        fence.raise::<_, _, (i64,)>(&db, row, new).await.unwrap(),
-        (11,)
-    );
-    fence.write(&db, row, new, "value", 12_i64).await.unwrap();
+    // The same token raises again (a retry, the same holder's next update), and writes.
+    assert_eq!(f.raise(f.row, new).await.unwrap(), 11);
+    f.write(f.row, new, 12).await.unwrap();
+    assert_eq!(f.stored(f.row).await, (12, Some(new)));
+    f.drop_table().await;
+}
 
-    // A write with a token the row was not raised with is refused, whether higher or unset.
-    let err = fence
-        .write(&db, row, newer, "value", 0_i64)
-        .await
-        .unwrap_err();
+#[tokio::test]
+async fn a_write_needs_a_raise_with_its_own_token() {
+    let f = Fixture::new().await;
+    let [_, new, newer] = f.tokens;
+    assert_eq!(f.raise(f.row, new).await.unwrap(), 10);
+    // Refused whether the token is higher than the fence or the row was never fenced.
+    let err = f.write(f.row, newer, 0).await.unwrap_err();
     assert!(
-        matches!(err, Error::FenceNotRaised { fence: Some(f), .. } if f == new),
+        matches!(err, Error::FenceNotRaised { fence: Some(fence), .. } if fence == new),
         "{err:?}"
     );
-    let err = fence
-        .write(&db, fresh, new, "value", 0_i64)
-        .await
-        .unwrap_err();
+    let err = f.write(f.fresh, new, 0).await.unwrap_err();
     assert!(
         matches!(err, Error::FenceNotRaised { fence: None, .. }),
         "{err:?}"
     );
+    assert_eq!(f.stored(f.row).await, (10, Some(new)));
+    assert_eq!(f.stored(f.fresh).await, (10, None));
 
-    // Raise, compute and write in one transaction; rolled back, nothing changed.
-    let mut tx = db.begin().await.expect("begin");
-    let (value,): (i64,) = fence.raise(&mut tx, row, newer).await.unwrap();
-    fence
-        .write(&mut tx, row, newer, "value", value + 1)
+    // Raise, compute and write in one transaction: rolled back, nothing changed.
+    let mut tx = f.db.begin().await.expect("begin");
+    let (value,): (i64,) = f.fence.raise(&mut tx, f.row, newer).await.unwrap();
+    f.fence
+        .write(&mut tx, f.row, newer, "value", value + 1)
         .await
         .unwrap();
     tx.rollback().await.expect("rollback");
-    let (value, fenced): (i64, Option<i64>) = sqlx::query_as(AssertSqlSafe(format!(
-        "SELECT value, fence FROM {quoted} WHERE id = $1"
-    )))
-    .bind(row)
-    .fetch_one(&db)
-    .await
-    .expect("read");
-    assert_eq!((value, fenced), (12, Some(new)));
+    assert_eq!(f.stored(f.row).await, (10, Some(new)));
+    f.drop_table().await;
+}
 
-    // Missing rows, unknown columns and undecodable rows are errors of their own.
+#[tokio::test]
+async fn missing_rows_bad_columns_and_bad_types_are_typed_errors() {
+    let f = Fixture::new().await;
+    let token = f.tokens[0];
     let missing = Uuid::new_v4();
-    let err = fence
-        .raise::<_, _, (i64,)>(&db, missing, new)
-        .await
-        .unwrap_err();
+    let err = f.raise(missing, token).await.unwrap_err();
     assert!(matches!(err, Error::FencedRowNotFound { .. }), "{err:?}");
-    let err = fence
-        .write(&db, missing, new, "value", 1_i64)
-        .await
-        .unwrap_err();
+    let err = f.write(missing, token, 1).await.unwrap_err();
     assert!(matches!(err, Error::FencedRowNotFound { .. }), "{err:?}");
-    let err = fence
-        .write(&db, row, new, "no_such_column", 1_i64)
+    let err = f
+        .fence
+        .write(&f.db, f.row, token, "no_such_column", 1_i64)
         .await
         .unwrap_err();
     assert!(matches!(err, Error::FencingFailed { .. }), "{err:?}");
-    let err = fence.write(&db, row, new, "", 1_i64).await.unwrap_err();
+    let err = f
+        .fence
+        .write(&f.db, f.row, token, "", 1_i64)
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::InvalidIdentifier { .. }), "{err:?}");
-    let err = fence
-        .raise::<_, _, (String,)>(&db, row, new)
+    let err = f
+        .fence
+        .raise::<_, _, (String,)>(&f.db, f.row, token)
         .await
         .unwrap_err();
     assert!(matches!(err, Error::FencingFailed { .. }), "{err:?}");
-
-    sqlx::query(AssertSqlSafe(format!("DROP TABLE {quoted}")))
-        .execute(&db)
-        .await
-        .expect("drop");
+    f.drop_table().await;
 }
 
 /// Three tokens of successive acquisitions of one key, in the order they were minted.
