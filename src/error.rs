@@ -27,6 +27,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// | [`NotHeld`](Error::NotHeld) | `release` of a key this manager does not hold | a bookkeeping bug in the caller, or the lock was already released |
 /// | [`ReleaseFailed`](Error::ReleaseFailed) | the server did not confirm the unlock | nothing to undo: the session was closed, which frees the lock on the server |
 /// | [`LockLost`](Error::LockLost) | the lock was lost while held | work done under it may have overlapped another holder's; stop, and re-check before acting on its results (fencing tokens make this safe) |
+/// | [`StaleFencingToken`](Error::StaleFencingToken) | a newer lock holder has claimed the row | stop: this holder's lock is gone; do not count the work as done |
+/// | [`FenceNotRaised`](Error::FenceNotRaised), [`FencedRowNotFound`](Error::FencedRowNotFound) | a write without its raise, or a missing row | a bug in the caller, or the row was never created |
+/// | [`FencingFailed`](Error::FencingFailed) | a fenced-row statement failed | inspect the message (a wrong column, a lost connection); retry if transient |
 /// | [`InspectionFailed`](Error::InspectionFailed) | [`inspect`](crate::inspect) could not read the server's lock views | the database is unreachable, or the query was refused; retry later |
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -346,6 +349,61 @@ pub enum Error {
         reason: &'static str,
     },
 
+    /// A [`RowFence`](crate::RowFence) refused a holder: the row's fence already holds a
+    /// higher fencing token, so a newer holder has claimed the row and this holder's lock is
+    /// gone. Nothing was changed.
+    #[error("Stale fencing token {token} for row {row} of {resource}: its fence is at {fence}")]
+    StaleFencingToken {
+        /// The fenced table.
+        resource: String,
+        /// The row's key, as displayed.
+        row: String,
+        /// The token that was presented.
+        token: i64,
+        /// The higher token the row's fence holds.
+        fence: i64,
+    },
+
+    /// A [`RowFence::write`](crate::RowFence::write) found the row's fence below its token or
+    /// unset: the row was not raised with this token before the write, a bug in the caller.
+    /// Nothing was written.
+    #[error(
+        "Row {row} of {resource} is not fenced with token {token} (its fence is {}): \
+         raise the fence before writing",
+        crate::error::or_unset(.fence)
+    )]
+    FenceNotRaised {
+        /// The fenced table.
+        resource: String,
+        /// The row's key, as displayed.
+        row: String,
+        /// The token that was presented.
+        token: i64,
+        /// The row's fence, `None` when it was never raised.
+        fence: Option<i64>,
+    },
+
+    /// A [`RowFence`](crate::RowFence) found no row with the given key.
+    #[error("No row {row} in fenced table {resource}")]
+    FencedRowNotFound {
+        /// The fenced table.
+        resource: String,
+        /// The key that was looked for, as displayed.
+        row: String,
+    },
+
+    /// A statement of a [`RowFence`](crate::RowFence) failed, or its row did not decode.
+    #[error("Fencing on {resource} failed to {operation}: {source}")]
+    FencingFailed {
+        /// The fenced table.
+        resource: String,
+        /// What was being done, such as `raise the fence`.
+        operation: &'static str,
+        /// The driver error.
+        #[source]
+        source: sqlx::Error,
+    },
+
     /// The lock was lost while it was held.
     ///
     /// Returned by the release of a lock that had been declared lost, and by
@@ -394,7 +452,11 @@ impl Error {
             | Error::ReleaseFailed { key, .. }
             | Error::LockLost { key, .. }
             | Error::ElectionStopped { key } => Some(key),
-            Error::InvalidIdentifier { .. } => None,
+            Error::InvalidIdentifier { .. }
+            | Error::StaleFencingToken { .. }
+            | Error::FenceNotRaised { .. }
+            | Error::FencedRowNotFound { .. }
+            | Error::FencingFailed { .. } => None,
             Error::InspectionFailed { key, .. } => key.as_deref(),
             #[cfg(feature = "migration")]
             Error::MigrationNotFound { .. }
@@ -498,6 +560,11 @@ impl fmt::Display for ReleaseFailure {
             ReleaseFailure::SessionClosed => f.write_str("the session holding the lock had closed"),
         }
     }
+}
+
+/// A fence for error messages: its token, or `unset`.
+fn or_unset(fence: &Option<i64>) -> String {
+    fence.map_or_else(|| "unset".to_owned(), |fence| fence.to_string())
 }
 
 /// ` for '{key}'`, or nothing.
