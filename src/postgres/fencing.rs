@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::{Error, Result};
+use crate::Result;
 
 /// The table in which [`PostgresLockManager`](crate::PostgresLockManager) keeps its fencing
 /// tokens: one row per lock id, holding the last token minted for it.
@@ -11,8 +11,10 @@ use crate::{Error, Result};
 /// releases, process restarts and server restarts, and is never handed out twice. Carry it with
 /// every write made under the lock, and have the resource reject writes whose token is lower
 /// than the highest it has accepted: a holder that lost its lock without knowing (a long pause,
-/// a partition) can then no longer overwrite the work of the holder that came after it. See
-/// `examples/fencing.rs` for the resource-side check.
+/// a partition) can then no longer overwrite the work of the holder that came after it. For a
+/// read-modify-write, the resource must see the token before the read as well:
+/// [`RowFence`](crate::RowFence) does that for rows of your own tables, and `examples/fencing.rs`
+/// plays out both checks. Only compare tokens; their numeric layout is not promised.
 ///
 /// The name is used as given, quoted as an identifier (so it is case-sensitive and any
 /// character is allowed); `schema.table` names a table in a schema. The table is created on
@@ -41,32 +43,12 @@ impl FencingTable {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidIdentifier`] when a part is empty, longer than PostgreSQL's 63 bytes, or
-    /// contains a NUL byte, or when the name has more than two parts.
+    /// [`Error::InvalidIdentifier`](crate::Error::InvalidIdentifier) when a part is empty,
+    /// longer than PostgreSQL's 63 bytes, or contains a NUL byte, or when the name has more
+    /// than two parts.
     pub fn new(name: &str) -> Result<Self> {
-        let invalid = |reason: &'static str| Error::InvalidIdentifier {
-            name: name.to_owned(),
-            reason,
-        };
-        let parts: Vec<&str> = name.split('.').collect();
-        if parts.len() > 2 {
-            return Err(invalid("expected `table` or `schema.table`"));
-        }
-        let mut quoted = Vec::with_capacity(parts.len());
-        for part in parts {
-            if part.is_empty() {
-                return Err(invalid("an empty name part"));
-            }
-            if part.len() > 63 {
-                return Err(invalid("a name part longer than 63 bytes"));
-            }
-            if part.contains('\0') {
-                return Err(invalid("a NUL byte"));
-            }
-            quoted.push(format!("\"{}\"", part.replace('"', "\"\"")));
-        }
         Ok(FencingTable {
-            quoted: quoted.join("."),
+            quoted: crate::fence::quote_identifier(name, true)?,
         })
     }
 
@@ -126,6 +108,7 @@ impl fmt::Display for FencingTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Error;
 
     #[test]
     fn names_are_quoted_whatever_they_contain() {
