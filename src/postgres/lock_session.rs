@@ -12,8 +12,10 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use sqlx::AssertSqlSafe;
+use std::pin::Pin;
 use tokio::sync::{mpsc, oneshot};
-use tokio::time::{Instant, timeout, timeout_at};
+
+use tokio::time::{Instant, Sleep, timeout_at};
 
 use super::errors::breaks_connection;
 use super::statements::Statements;
@@ -105,6 +107,8 @@ impl LockSession {
             let task = Task {
                 id,
                 conn,
+                watchdog: Watchdog::new(),
+                last_active: Instant::now(),
                 inbox,
                 me: me.clone(),
                 shared: Arc::clone(&shared),
@@ -235,6 +239,9 @@ impl std::fmt::Debug for Lease {
 struct Task {
     id: u64,
     conn: PgSession,
+    watchdog: Watchdog,
+    /// When the last command finished.
+    last_active: Instant,
     inbox: mpsc::UnboundedReceiver<Command>,
     me: Weak<LockSession>,
     shared: Arc<Shared>,
@@ -259,6 +266,7 @@ impl Task {
     async fn run(mut self) {
         while let Some(command) = self.next().await {
             let outcome = self.execute(command).await;
+            self.last_active = Instant::now();
             self.shared.queued.fetch_sub(1, Ordering::SeqCst);
             if outcome.is_err() {
                 return self.close();
@@ -276,9 +284,10 @@ impl Task {
             {
                 return self.inbox.recv().await;
             }
+            let idle_until = self.last_active + self.context.idle_timeout;
             tokio::select! {
                 command = self.inbox.recv() => return command,
-                () = tokio::time::sleep(self.context.idle_timeout) => {
+                () = self.watchdog.until(idle_until) => {
                     if self.shared.held.load(Ordering::SeqCst) == 0 && self.inbox.is_empty() {
                         // Handles taken before this still work; the task ends with the last.
                         self.shared.unavailable.store(true, Ordering::SeqCst);
@@ -344,7 +353,8 @@ impl Task {
         let statement = self.context.statements.try_lock(mode);
         let query =
             sqlx::query_as::<_, (bool, Option<i64>)>(AssertSqlSafe(statement)).bind(lock_id);
-        let answer = timeout(
+        let answer = bounded(
+            &mut self.watchdog,
             self.context.statement_timeout,
             query.fetch_one(self.conn.conn()),
         )
@@ -399,7 +409,8 @@ impl Task {
 
     async fn unlock(&mut self, lock_id: i64, mode: LockMode) -> Result<bool, SessionError> {
         let query = sqlx::query_scalar::<_, bool>(Statements::unlock(mode)).bind(lock_id);
-        let answer = timeout(
+        let answer = bounded(
+            &mut self.watchdog,
             self.context.statement_timeout,
             query.fetch_one(self.conn.conn()),
         )
@@ -415,7 +426,8 @@ impl Task {
             return Ok(None);
         };
         let query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(statement)).bind(lock_id);
-        let answer = timeout(
+        let answer = bounded(
+            &mut self.watchdog,
             self.context.statement_timeout,
             query.fetch_one(self.conn.conn()),
         )
@@ -440,7 +452,8 @@ impl Task {
              AND objsubid = 1 AND mode = '{lock_mode}' AND granted"
         );
         let query = sqlx::query(AssertSqlSafe(sql)).bind(lock_id);
-        let answer = timeout(
+        let answer = bounded(
+            &mut self.watchdog,
             self.context.statement_timeout,
             query.fetch_all(self.conn.conn()),
         )
@@ -450,29 +463,69 @@ impl Task {
 
     /// Turns a statement's answer into a result, keeping the session only when the statement
     /// completed or the server refused it.
-    fn settle<T>(
-        &mut self,
-        answer: Result<Result<T, sqlx::Error>, tokio::time::error::Elapsed>,
-    ) -> Result<T, SessionError> {
+    fn settle<T>(&mut self, answer: Option<Result<T, sqlx::Error>>) -> Result<T, SessionError> {
         match answer {
-            Ok(Ok(value)) => {
+            Some(Ok(value)) => {
                 self.conn.mark_clean();
                 Ok(value)
             }
-            Ok(Err(err)) if !breaks_connection(&err) => {
+            Some(Err(err)) if !breaks_connection(&err) => {
                 self.conn.mark_clean();
                 Err(SessionError::Database(err))
             }
             // The session is done for: stop handing it out before anyone hears of it, so a
             // caller that retries is given another.
-            Ok(Err(err)) => {
+            Some(Err(err)) => {
                 self.shared.unavailable.store(true, Ordering::SeqCst);
                 Err(SessionError::Closed(Some(err)))
             }
-            Err(_) => {
+            None => {
                 self.shared.unavailable.store(true, Ordering::SeqCst);
                 Err(SessionError::Unanswered(self.context.statement_timeout))
             }
+        }
+    }
+}
+
+/// Runs `statement`, or gives up on it (`None`) once it has gone unanswered for `limit`.
+async fn bounded<T>(
+    watchdog: &mut Watchdog,
+    limit: Duration,
+    statement: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    let due = Instant::now() + limit;
+    tokio::select! {
+        biased;
+        answer = statement => Some(answer),
+        () = watchdog.until(due) => None,
+    }
+}
+
+/// One timer for a task's time limits (a statement's answer, an idle session's retirement).
+/// It is re-armed only when it fires early or must fire sooner, not for every statement:
+/// arming a timer per statement costs more than the statement's own client-side work.
+struct Watchdog {
+    sleep: Pin<Box<Sleep>>,
+}
+
+impl Watchdog {
+    fn new() -> Self {
+        Watchdog {
+            sleep: Box::pin(tokio::time::sleep(Duration::from_secs(3600))),
+        }
+    }
+
+    /// Completes once `due` has passed.
+    async fn until(&mut self, due: Instant) {
+        if self.sleep.deadline() > due {
+            self.sleep.as_mut().reset(due);
+        }
+        loop {
+            self.sleep.as_mut().await;
+            if Instant::now() >= due {
+                return;
+            }
+            self.sleep.as_mut().reset(due);
         }
     }
 }

@@ -18,9 +18,11 @@ use crate::{LockMode, LossCause};
 
 // Which of the given (pid, lock id, mode) triples does the server NOT show as granted? One
 // round trip whatever the number of locks; the answer is the 1-based positions of the missing.
+// A server in recovery holds nothing that counts (a demoted primary came back as a standby):
+// every lock is missing there.
 const PROBE: &str = "SELECT h.i FROM unnest($1::int4[], $2::int8[], $3::bool[]) \
      WITH ORDINALITY AS h(pid, id, shared, i) \
-     WHERE NOT EXISTS (SELECT 1 FROM pg_locks l \
+     WHERE pg_is_in_recovery() OR NOT EXISTS (SELECT 1 FROM pg_locks l \
         WHERE l.locktype = 'advisory' AND l.granted AND l.pid = h.pid \
         AND l.classid = (h.id >> 32)::oid AND l.objid = (h.id & 4294967295)::oid \
         AND l.objsubid = 1 \

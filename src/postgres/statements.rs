@@ -101,6 +101,10 @@ impl Statements {
         if let Some(ms) = timeout_ms {
             sql.push_str(&format!("SET LOCAL lock_timeout = {ms}; "));
         }
+        if self.fencing.is_some() {
+            // The token minted below must survive a crash (see `FencingTable`).
+            sql.push_str("SET LOCAL synchronous_commit = on; ");
+        }
         let function = match mode {
             LockMode::Exclusive => "pg_advisory_lock",
             LockMode::Shared => "pg_advisory_lock_shared",
