@@ -9,7 +9,7 @@
 //! | item | what it is |
 //! | --- | --- |
 //! | [`LockManager`] | The port: the contract every lock manager fulfils, usable generically or as `Arc<dyn LockManager>`. |
-//! | [`PostgresLockManager`] | Session advisory locks, each held on its own pinned connection from your [`sqlx::PgPool`]. |
+//! | [`PostgresLockManager`] | Session advisory locks on a few long-lived connections of your [`sqlx::PgPool`], each carrying any number of locks. |
 //! | [`InMemoryLockManager`] | The same contract inside one process, for your unit tests. |
 //! | [`LockManagerExt`] | Conveniences for every manager: [`with_lock`](LockManagerExt::with_lock). |
 //! | [`LockGuard`] | Proof that a lock is held; release it with [`LockGuard::release`], or drop it; [`LockGuard::lost`] says when it is gone. |
