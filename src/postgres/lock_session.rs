@@ -134,6 +134,11 @@ impl LockSession {
         self.shared.queued.load(Ordering::SeqCst)
     }
 
+    /// Locks held on this session.
+    pub(crate) fn held(&self) -> usize {
+        self.shared.held.load(Ordering::SeqCst)
+    }
+
     fn send(&self, command: Command) -> Result<(), SessionError> {
         self.shared.queued.fetch_add(1, Ordering::SeqCst);
         self.commands.send(command).map_err(|_| {
