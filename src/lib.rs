@@ -21,6 +21,7 @@
 //! | [`Error`], [`Result`] | The one error type of the crate. |
 //! | [`telemetry`] | Span, field and metric names. |
 //! | [`inspect`] | Who holds and who waits for each advisory lock, read from `pg_locks` and `pg_stat_activity`. |
+//! | [`schedule`], [`ScheduledJob`] | Run a job at most once per time window across every process (ShedLock's `lockAtLeastFor` / `lockAtMostFor`), with its record in PostgreSQL. |
 //! | `testing` (feature) | The conformance suite for any [`LockManager`] and a throwaway PostgreSQL server for tests. |
 //! | `migration` (feature) | `pglock::migration`: tenant live migration, with a cutover that is correct across processes. |
 //!
@@ -98,6 +99,7 @@ mod metrics;
 #[cfg_attr(docsrs, doc(cfg(feature = "migration")))]
 pub mod migration;
 mod postgres;
+pub mod schedule;
 pub mod telemetry;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
@@ -116,6 +118,7 @@ pub use crate::loss::{LossCause, LossSignal};
 pub use crate::manager::LockManager;
 pub use crate::memory::{InMemoryLockManager, InMemoryLockManagerBuilder, InMemoryLockServer};
 pub use crate::postgres::{FencingTable, PostgresLockManager, PostgresLockManagerBuilder};
+pub use crate::schedule::ScheduledJob;
 
 // The Rust snippets of the README and the guide are compiled as doc tests.
 #[cfg(doctest)]

@@ -178,3 +178,41 @@ pub mod leader {
         pub const RELEASED_ELSEWHERE: &str = "released_elsewhere";
     }
 }
+
+/// Names of the span and fields emitted by [`ScheduledJob::run`](crate::schedule::ScheduledJob::run).
+///
+/// | span | covers | fields |
+/// | --- | --- | --- |
+/// | [`RUN_SPAN`](job::RUN_SPAN) | one call of `run`: the check, the claim, the body, the record | [`JOB`](job::JOB), [`WINDOW_START`](job::WINDOW_START), [`RUN`](job::RUN) (when claimed), [`HOLDER_ID`], [`OUTCOME`](job::OUTCOME) |
+///
+/// The job lock's own acquire and release spans nest inside it. A run that was cut off, lost
+/// its lock or failed sets `otel.status_code = ERROR`.
+pub mod job {
+    /// Span around one attempt to run a scheduled job.
+    pub const RUN_SPAN: &str = "pglock.job.run";
+    /// Field: the job's name.
+    pub const JOB: &str = "pglock.job";
+    /// Field: the start of the window, RFC 3339 (the claimed one, or the one a claim would
+    /// have been for).
+    pub const WINDOW_START: &str = "pglock.job.window_start";
+    /// Field: the run number of the claim.
+    pub const RUN: &str = "pglock.job.run_number";
+    /// Field: how the attempt ended; one of the [`outcome`] values.
+    pub const OUTCOME: &str = "pglock.job.outcome";
+
+    /// Values of the [`OUTCOME`] field. Skips use
+    /// [`Skip::as_str`](crate::schedule::Skip::as_str): `already_ran`, `running`, `too_soon`,
+    /// `busy`.
+    pub mod outcome {
+        /// The body ran to completion.
+        pub const RAN: &str = "ran";
+        /// The body was cut off at the max hold.
+        pub const OVERRAN: &str = "overran";
+        /// The job's lock was lost and the body cancelled.
+        pub const LOST: &str = "lost";
+        /// The attempt failed; the span's error status and events say why.
+        pub const ERROR: &str = "error";
+        /// The caller dropped the future.
+        pub const CANCELLED: &str = "cancelled";
+    }
+}

@@ -212,7 +212,11 @@ async fn postgres_manager_records_waits_outcomes_held_locks_and_losses() {
         "nothing held any more"
     );
     assert_eq!(
-        points(&export, metrics::HOLD_DURATION, &[(telemetry::MODE, "exclusive")])[0],
+        points(
+            &export,
+            metrics::HOLD_DURATION,
+            &[(telemetry::MODE, "exclusive")]
+        )[0],
         2.0,
         "two holds ended in a release"
     );
@@ -271,7 +275,11 @@ async fn the_hold_histogram_measures_from_grant_to_release() {
     let around = outer.elapsed();
 
     let export = pipeline.collect();
-    let shared = points(&export, metrics::HOLD_DURATION, &[(telemetry::MODE, "shared")]);
+    let shared = points(
+        &export,
+        metrics::HOLD_DURATION,
+        &[(telemetry::MODE, "shared")],
+    );
     assert_eq!(shared[0], 1.0, "one hold: {shared:?}");
     assert!(
         shared[1] >= HOLD.as_secs_f64() && shared[1] <= around.as_secs_f64(),
@@ -279,7 +287,12 @@ async fn the_hold_histogram_measures_from_grant_to_release() {
         shared[1]
     );
     assert!(
-        points(&export, metrics::HOLD_DURATION, &[(telemetry::MODE, "exclusive")]).is_empty()
+        points(
+            &export,
+            metrics::HOLD_DURATION,
+            &[(telemetry::MODE, "exclusive")]
+        )
+        .is_empty()
     );
 
     // The histogram's buckets are made for seconds, from sub-millisecond to an hour.

@@ -640,7 +640,8 @@ impl<B: Backend> Core<B> {
         span: Span,
         mut recorder: Outcome,
     ) -> Result<()> {
-        self.metrics.hold_time(held.mode, held.registered_at.elapsed());
+        self.metrics
+            .hold_time(held.mode, held.registered_at.elapsed());
         let Held {
             lock_id,
             mode,
