@@ -89,20 +89,7 @@ enum Command {
     /// lower bound on the hold, exact for pglock's own sessions); "-" when unknown. Exits 0
     /// when a listed lock is held, 3 when none is.
     #[command(after_help = EXIT_STATUS)]
-    Holders {
-        #[command(flatten)]
-        lock: LockArgs,
-        #[command(flatten)]
-        filters: Filters,
-        /// Print JSON instead of a table: one object for KEY or --id, an array otherwise; with
-        /// --watch, one line of JSON per look.
-        #[arg(long)]
-        json: bool,
-        /// Look again every INTERVAL (default 2s) until interrupted (Ctrl-C, SIGTERM); the exit
-        /// status is the last look's. Write KEY before it, or --watch=INTERVAL.
-        #[arg(long, value_name = "INTERVAL", num_args = 0..=1, default_missing_value = "2s", value_parser = parse_duration)]
-        watch: Option<Duration>,
-    },
+    Holders(HoldersCommand),
     /// Run COMMAND while holding the lock on KEY, like flock(1).
     ///
     /// Waits for the lock (as long as it takes, unless --timeout or --no-wait), runs the
@@ -113,36 +100,7 @@ enum Command {
     /// SIGHUP sent to pglock are passed on to the command; pglock keeps the lock until the
     /// command is gone. Ctrl-C reaches the command directly.
     #[command(after_help = EXIT_STATUS)]
-    Run {
-        /// The lock key.
-        key: String,
-        /// Give up waiting after DURATION (exit 75).
-        #[arg(long, value_name = "DURATION", value_parser = parse_duration, conflicts_with = "no_wait")]
-        timeout: Option<Duration>,
-        /// Try once, without waiting (exit 75 if the lock is held).
-        #[arg(long, short = 'n')]
-        no_wait: bool,
-        /// Take the lock in shared mode: other shared holders may run too; exclusive ones not.
-        #[arg(long)]
-        shared: bool,
-        /// The holder id to show in pg_stat_activity and `pglock holders`.
-        /// Default: {host}:{pid}:{random}.
-        #[arg(long, value_name = "ID")]
-        holder_id: Option<String>,
-        /// The exit status when the lock is held elsewhere.
-        #[arg(long, value_name = "CODE", default_value_t = EXIT_CONFLICT)]
-        conflict_exit_code: u8,
-        /// After the lock is lost, how long the command has to exit after SIGTERM before
-        /// SIGKILL.
-        #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
-        kill_after: Duration,
-        /// How often to check that the server still holds the lock.
-        #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
-        probe_interval: Duration,
-        /// The command and its arguments, after `--`.
-        #[arg(last = true, required = true, value_name = "COMMAND")]
-        command: Vec<String>,
-    },
+    Run(run::RunArgs),
     /// End the sessions holding a lock (pg_terminate_backend), after confirmation.
     ///
     /// Lists the holders of KEY's lock that pass the filters, asks on the terminal, and
@@ -150,18 +108,39 @@ enum Command {
     /// the lock lost. Waiters are never terminated. Without a terminal on stdin it refuses
     /// unless --yes is given. Needs superuser, pg_signal_backend, or the holders' own role.
     #[command(after_help = EXIT_STATUS)]
-    Terminate {
-        #[command(flatten)]
-        lock: LockArgs,
-        #[command(flatten)]
-        filters: Filters,
-        /// Only this holder's server process.
-        #[arg(long, value_name = "PID")]
-        pid: Option<i32>,
-        /// Terminate without asking.
-        #[arg(long, short = 'y')]
-        yes: bool,
-    },
+    Terminate(TerminateCommand),
+}
+
+/// The options of `holders`.
+#[derive(Debug, Args)]
+struct HoldersCommand {
+    #[command(flatten)]
+    lock: LockArgs,
+    #[command(flatten)]
+    filters: Filters,
+    /// Print JSON instead of a table: one object for KEY or --id, an array otherwise; with
+    /// --watch, one line of JSON per look.
+    #[arg(long)]
+    json: bool,
+    /// Look again every INTERVAL (default 2s) until interrupted (Ctrl-C, SIGTERM); the exit
+    /// status is the last look's. Write KEY before it, or --watch=INTERVAL.
+    #[arg(long, value_name = "INTERVAL", num_args = 0..=1, default_missing_value = "2s", value_parser = parse_duration)]
+    watch: Option<Duration>,
+}
+
+/// The options of `terminate`.
+#[derive(Debug, Args)]
+struct TerminateCommand {
+    #[command(flatten)]
+    lock: LockArgs,
+    #[command(flatten)]
+    filters: Filters,
+    /// Only this holder's server process.
+    #[arg(long, value_name = "PID")]
+    pid: Option<i32>,
+    /// Terminate without asking.
+    #[arg(long, short = 'y')]
+    yes: bool,
 }
 
 /// Which lock, or locks, and how to name them.
@@ -264,78 +243,46 @@ fn execute(cli: Cli) -> Result<u8, Failure> {
             print!("{}", id(&key, json));
             Ok(0)
         }
-        Command::Holders {
-            lock,
-            filters,
-            json,
-            watch,
-        } => {
+        Command::Holders(command) => {
             let database = database()?;
             let show = holders::Show {
-                target: lock.target(),
-                filters,
-                json,
-                watch,
+                target: command.lock.target(),
+                filters: command.filters,
+                json: command.json,
+                watch: command.watch,
             };
             runtime()?.block_on(async {
                 let pool = database.connect(1).await?;
-                let code = holders::holders(&lock.inspector(pool.clone()), &show).await;
+                let inspector = command.lock.inspector(pool.clone());
+                let code = holders::holders(&inspector, &show).await;
                 pool.close().await;
                 code
             })
         }
-        Command::Run {
-            key,
-            timeout,
-            no_wait,
-            shared,
-            holder_id,
-            conflict_exit_code,
-            kill_after,
-            probe_interval,
-            command,
-        } => {
+        Command::Run(args) => {
             let database = database()?;
-            let args = run::RunArgs {
-                key,
-                wait: if no_wait {
-                    Some(Duration::ZERO)
-                } else {
-                    timeout
-                },
-                shared,
-                holder_id,
-                conflict_exit_code,
-                kill_after,
-                probe_interval,
-                command,
-            };
             runtime()?.block_on(async { run::run(database.connect(2).await?, &args).await })
         }
-        Command::Terminate {
-            lock,
-            filters,
-            pid,
-            yes,
-        } => {
-            let target = lock.target();
+        Command::Terminate(command) => {
+            let target = command.lock.target();
             if !target.is_one() {
                 return Err(Failure(
                     EXIT_USAGE,
                     "terminate needs the lock: KEY or --id LOCK_ID".to_owned(),
                 ));
             }
-            terminate::check_confirmable(yes)?;
+            terminate::check_confirmable(command.yes)?;
             let database = database()?;
             let runtime = runtime()?;
             let pool = runtime.block_on(database.connect(1))?;
+            let inspector = command.lock.inspector(pool.clone());
             let args = terminate::TerminateArgs {
                 target,
-                filters,
-                pid,
-                yes,
+                filters: command.filters,
+                pid: command.pid,
+                yes: command.yes,
             };
-            let code = terminate::terminate(&runtime, &pool, &lock.inspector(pool.clone()), &args);
+            let code = terminate::terminate(&runtime, &pool, &inspector, &args);
             runtime.block_on(pool.close());
             code
         }

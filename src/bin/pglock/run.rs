@@ -3,25 +3,56 @@
 use std::process::ExitStatus;
 use std::time::Duration;
 
+use clap::Args;
 use pglock::{LockGuard, LockManager, LossCause, LossSignal, PostgresLockManager};
 use sqlx::PgPool;
 use tokio::process::{Child, Command};
 use tokio::time::{Instant, sleep_until};
 
-use crate::{EXIT_LOST, EXIT_RUNTIME, Failure};
+use crate::text::parse_duration;
+use crate::{EXIT_CONFLICT, EXIT_LOST, EXIT_RUNTIME, Failure};
 
-/// What `run` was asked to do.
-#[derive(Debug)]
+/// The options of `run`.
+#[derive(Debug, Args)]
 pub(crate) struct RunArgs {
-    pub(crate) key: String,
+    /// The lock key.
+    key: String,
+    /// Give up waiting after DURATION (exit 75).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, conflicts_with = "no_wait")]
+    timeout: Option<Duration>,
+    /// Try once, without waiting (exit 75 if the lock is held).
+    #[arg(long, short = 'n')]
+    no_wait: bool,
+    /// Take the lock in shared mode: other shared holders may run too; exclusive ones not.
+    #[arg(long)]
+    shared: bool,
+    /// The holder id to show in pg_stat_activity and `pglock holders`.
+    /// Default: {host}:{pid}:{random}.
+    #[arg(long, value_name = "ID")]
+    holder_id: Option<String>,
+    /// The exit status when the lock is held elsewhere.
+    #[arg(long, value_name = "CODE", default_value_t = EXIT_CONFLICT)]
+    conflict_exit_code: u8,
+    /// After the lock is lost, how long the command has to exit after SIGTERM before SIGKILL.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    kill_after: Duration,
+    /// How often to check that the server still holds the lock.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    probe_interval: Duration,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+impl RunArgs {
     /// `None`: wait as long as it takes; `Some(ZERO)`: one try.
-    pub(crate) wait: Option<Duration>,
-    pub(crate) shared: bool,
-    pub(crate) holder_id: Option<String>,
-    pub(crate) conflict_exit_code: u8,
-    pub(crate) kill_after: Duration,
-    pub(crate) probe_interval: Duration,
-    pub(crate) command: Vec<String>,
+    fn wait(&self) -> Option<Duration> {
+        if self.no_wait {
+            Some(Duration::ZERO)
+        } else {
+            self.timeout
+        }
+    }
 }
 
 /// Takes the lock, runs the command under it, and returns the exit code to leave with.
@@ -33,8 +64,8 @@ pub(crate) async fn run(pool: PgPool, args: &RunArgs) -> Result<u8, Failure> {
     }
     let locks = builder.build();
     let acquired = match args.shared {
-        false => locks.acquire(&args.key, args.wait).await,
-        true => locks.acquire_shared(&args.key, args.wait).await,
+        false => locks.acquire(&args.key, args.wait()).await,
+        true => locks.acquire_shared(&args.key, args.wait()).await,
     };
     let guard = match acquired {
         Ok(guard) => guard,
