@@ -437,3 +437,34 @@ async fn futures_join<F: std::future::Future>(futures: impl Iterator<Item = F>) 
     .await;
     outputs.into_iter().map(|o| o.expect("ready")).collect()
 }
+
+#[tokio::test]
+async fn a_table_made_by_migrations_is_used_as_it_is() {
+    let observer = observer().await;
+    let (table_name, table) = private_table();
+    // The application's migrations created the table from the published statement.
+    sqlx::query(sqlx::AssertSqlSafe(table.ddl()))
+        .execute(&observer)
+        .await
+        .expect("migrate");
+    // While anyone holds the creation lock, a job that tried to create its table would wait.
+    let mut blocker = observer.begin().await.expect("begin");
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(lock_id("pglock:job-table-setup"))
+        .execute(&mut *blocker)
+        .await
+        .expect("hold the creation lock");
+    let (locks, _) = manager("job-migrated").await;
+    let name = job_name("migrated");
+    let job = job(&locks, &table, &name).build().expect("valid");
+    let outcome = tokio::time::timeout(Duration::from_secs(10), job.run(|_| async {}))
+        .await
+        .expect("no table creation was attempted")
+        .expect("run");
+    blocker.rollback().await.expect("rollback");
+    assert!(outcome.ran());
+    assert_eq!(
+        row(&observer, &table_name, &name).await.map(|r| r.runs),
+        Some(1)
+    );
+}

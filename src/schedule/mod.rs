@@ -357,23 +357,34 @@ impl ScheduledJob {
 
     /// Creates the job table now, if it does not exist yet, instead of on the first run.
     ///
+    /// A table that exists already (created by your migrations, say) is used as it is: the
+    /// role then needs no privilege to create tables, only to read and write that one.
+    ///
     /// # Errors
     ///
-    /// [`Error::JobStorage`] when the table cannot be created (no connection, or a missing
-    /// privilege).
+    /// [`Error::JobStorage`] when the table cannot be looked up or created (no connection, or
+    /// a missing privilege).
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: the creation is one transaction; a later call tries again.
     pub async fn ensure_table(&self) -> Result<()> {
+        let pool = self.inner.locks.pool();
         self.inner
             .table_ready
             .get_or_try_init(|| async {
-                sqlx::raw_sql(sqlx::AssertSqlSafe(self.inner.table.setup()))
-                    .execute(self.inner.locks.pool())
+                let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+                    .bind(self.inner.table.to_string())
+                    .fetch_one(pool)
                     .await
-                    .map(|_| ())
-                    .map_err(|source| self.storage("create the job table", source))
+                    .map_err(|source| self.storage("look up the job table", source))?;
+                if !exists {
+                    sqlx::raw_sql(sqlx::AssertSqlSafe(self.inner.table.setup()))
+                        .execute(pool)
+                        .await
+                        .map_err(|source| self.storage("create the job table", source))?;
+                }
+                Ok(())
             })
             .await
             .map(|_| ())
@@ -497,7 +508,14 @@ impl Claim {
 
     async fn finish(mut self) -> std::result::Result<(), sqlx::Error> {
         let sql = &self.inner.sql.finish;
-        execute(&self.inner, sql, self.run).await?;
+        if execute(&self.inner, sql, self.run).await? == 0 {
+            // Only if the claim expired and was taken over while this run held the lock: the
+            // lock was lost without this process noticing in time.
+            tracing::warn!(
+                run = self.run,
+                "the run finished after its claim was taken over"
+            );
+        }
         self.armed = false;
         Ok(())
     }
@@ -510,14 +528,15 @@ impl Claim {
     }
 }
 
-async fn execute(inner: &Inner, sql: &str, run: i64) -> std::result::Result<(), sqlx::Error> {
+/// Runs the finish or abandon statement for `run`; returns how many rows it changed.
+async fn execute(inner: &Inner, sql: &str, run: i64) -> std::result::Result<u64, sqlx::Error> {
     sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(&inner.name)
         .bind(run)
         .bind(inner.micros.min_hold)
         .execute(inner.locks.pool())
         .await
-        .map(|_| ())
+        .map(|done| done.rows_affected())
 }
 
 impl Drop for Claim {
