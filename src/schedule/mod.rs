@@ -65,10 +65,11 @@
 //!
 //! * a body still running when the max hold has passed (by the local clock, counted from
 //!   before the claim was sent, so it ends before the claim does) is **cut off**: its future is
-//!   dropped and `run` returns [`Error::JobOverran`](crate::Error::JobOverran);
+//!   dropped and `run` returns [`Error::JobOverran`];
 //! * a runner that dies (a crash, a kill, a lost machine) leaves its claim in the table; it
 //!   expires at its start plus the max hold, by the database's clock. Until then other replicas
-//!   skip; after it, the next replica to tick claims the window again.
+//!   skip; after it, the next replica to tick claims the job: the same window again if it is
+//!   still the current one.
 //!
 //! A window counts as done only once a run of it has **finished**: its body returned. A run
 //! that did not finish (it crashed, was cut off, was cancelled, or lost its lock) did not
@@ -85,7 +86,7 @@
 //! case the table cannot: a process that froze mid-run (a long pause, a suspended VM) past its
 //! max hold keeps its session, and so its lock, until it wakes and is cut off; no one takes the
 //! job over meanwhile. If the manager declares the lock lost, the body is cancelled and `run`
-//! returns [`Error::LockLost`](crate::Error::LockLost), as
+//! returns [`Error::LockLost`], as
 //! [`with_lock`](crate::LockManagerExt::with_lock) does. `pglock holders scheduled-job:{name}`
 //! shows who runs a job right now.
 //!
