@@ -19,11 +19,17 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// | --- | --- | --- |
 /// | [`AcquisitionFailed`](Error::AcquisitionFailed) with [`AcquireFailure::Timeout`] | someone else held the lock until the deadline | skip this round, or retry later |
 /// | [`AcquisitionFailed`](Error::AcquisitionFailed) with [`AcquireFailure::Database`] | the server refused the statement | inspect the message; often a server-side `lock_timeout` or `statement_timeout` |
-/// | [`PoolExhausted`](Error::PoolExhausted) | every pooled connection was busy until the deadline | size the pool for one connection per held lock, or use a dedicated pool |
+/// | [`PoolExhausted`](Error::PoolExhausted) | every pooled connection was busy until the deadline | give the lock manager room in the pool (see the manager's pool sizing), or a pool of its own |
+/// | [`PoolClosed`](Error::PoolClosed) | the pool was closed | the application is shutting down |
+/// | [`TooManyConnections`](Error::TooManyConnections) | the server refused a new connection: too many clients | lower the pools' sizes, or raise the server's `max_connections` |
+/// | [`Standby`](Error::Standby) | the pool points at a standby | point the lock pool at the primary |
 /// | [`Connection`](Error::Connection) | no session could be opened or it broke | the database is unreachable; retry with backoff |
 /// | [`NotHeld`](Error::NotHeld) | `release` of a key this manager does not hold | a bookkeeping bug in the caller, or the lock was already released |
 /// | [`ReleaseFailed`](Error::ReleaseFailed) | the server did not confirm the unlock | nothing to undo: the session was closed, which frees the lock on the server |
 /// | [`LockLost`](Error::LockLost) | the lock was lost while held | work done under it may have overlapped another holder's; stop, and re-check before acting on its results (fencing tokens make this safe) |
+/// | [`StaleFencingToken`](Error::StaleFencingToken) | a newer lock holder has claimed the row | stop: this holder's lock is gone; do not count the work as done |
+/// | [`FenceNotRaised`](Error::FenceNotRaised), [`FencedRowNotFound`](Error::FencedRowNotFound) | a write without its raise, or a missing row | a bug in the caller, or the row was never created |
+/// | [`FencingFailed`](Error::FencingFailed) | a fenced-row statement failed | inspect the message (a wrong column, a lost connection); retry if transient |
 /// | [`InspectionFailed`](Error::InspectionFailed) | [`inspect`](crate::inspect) could not read the server's lock views | the database is unreachable, or the query was refused; retry later |
 /// | [`InvalidSchedule`](Error::InvalidSchedule) | a scheduled job's settings cannot work | fix the configuration |
 /// | [`JobStorage`](Error::JobStorage) | a scheduled job's table could not be created, read or written | the database is unreachable or refused; the next tick tries again |
@@ -59,8 +65,8 @@ pub enum Error {
 
     /// Every connection of the pool stayed checked out until the deadline.
     ///
-    /// Each held lock pins one pooled connection for as long as it is held; size the pool (or a
-    /// dedicated lock pool) accordingly.
+    /// A manager needs a few connections of its pool: its lock sessions, and one per key it
+    /// waits for on the server (see the manager's documentation on pool sizing).
     #[error(
         "Failed to acquire lock '{key}': connection pool exhausted \
          (all {max_connections} connections in use, waited {waited:?})"
@@ -72,6 +78,40 @@ pub enum Error {
         max_connections: u32,
         /// How long the checkout waited before giving up.
         waited: Duration,
+    },
+
+    /// The pool was closed ([`sqlx::Pool::close`]), so no session can be had from it.
+    #[error("Failed to acquire lock '{key}': the connection pool is closed")]
+    PoolClosed {
+        /// The key that was requested.
+        key: String,
+    },
+
+    /// The server refused a new connection because it serves as many clients as it allows
+    /// (SQLSTATE 53300, `max_connections`).
+    ///
+    /// Every pool of every process counts against that limit: lower the pools' sizes, or raise
+    /// the server's `max_connections`.
+    #[error("Failed to acquire lock '{key}': the server refused a new connection: {reason}")]
+    TooManyConnections {
+        /// The key that was requested.
+        key: String,
+        /// The server's message.
+        reason: String,
+    },
+
+    /// The server is a standby (in recovery) and the manager refuses to take locks there.
+    ///
+    /// Advisory locks are not replicated: a lock granted by a standby excludes nothing on the
+    /// primary or on other standbys, so two holders could both believe they hold the key. Point
+    /// the lock manager's pool at the primary (a read-write endpoint).
+    #[error(
+        "Failed to acquire lock '{key}': the server is a standby (in recovery); advisory locks \
+         taken there exclude nothing on the primary. Point the lock pool at the primary."
+    )]
+    Standby {
+        /// The key that was requested.
+        key: String,
     },
 
     /// No database session could be opened, or the session broke mid-operation.
@@ -312,6 +352,61 @@ pub enum Error {
         reason: &'static str,
     },
 
+    /// A [`RowFence`](crate::RowFence) refused a holder: the row's fence already holds a
+    /// higher fencing token, so a newer holder has claimed the row and this holder's lock is
+    /// gone. Nothing was changed.
+    #[error("Stale fencing token {token} for row {row} of {resource}: its fence is at {fence}")]
+    StaleFencingToken {
+        /// The fenced table.
+        resource: String,
+        /// The row's key, as displayed.
+        row: String,
+        /// The token that was presented.
+        token: i64,
+        /// The higher token the row's fence holds.
+        fence: i64,
+    },
+
+    /// A [`RowFence::write`](crate::RowFence::write) found the row's fence below its token or
+    /// unset: the row was not raised with this token before the write, a bug in the caller.
+    /// Nothing was written.
+    #[error(
+        "Row {row} of {resource} is not fenced with token {token} (its fence is {}): \
+         raise the fence before writing",
+        crate::error::or_unset(.fence)
+    )]
+    FenceNotRaised {
+        /// The fenced table.
+        resource: String,
+        /// The row's key, as displayed.
+        row: String,
+        /// The token that was presented.
+        token: i64,
+        /// The row's fence, `None` when it was never raised.
+        fence: Option<i64>,
+    },
+
+    /// A [`RowFence`](crate::RowFence) found no row with the given key.
+    #[error("No row {row} in fenced table {resource}")]
+    FencedRowNotFound {
+        /// The fenced table.
+        resource: String,
+        /// The key that was looked for, as displayed.
+        row: String,
+    },
+
+    /// A statement of a [`RowFence`](crate::RowFence) failed, or its row did not decode.
+    #[error("Fencing on {resource} failed to {operation}: {source}")]
+    FencingFailed {
+        /// The fenced table.
+        resource: String,
+        /// What was being done, such as `raise the fence`.
+        operation: &'static str,
+        /// The driver error.
+        #[source]
+        source: sqlx::Error,
+    },
+
     /// The lock was lost while it was held.
     ///
     /// Returned by the release of a lock that had been declared lost, and by
@@ -385,11 +480,18 @@ impl Error {
             Error::AcquisitionFailed { key, .. }
             | Error::NotHeld { key }
             | Error::PoolExhausted { key, .. }
+            | Error::PoolClosed { key }
+            | Error::TooManyConnections { key, .. }
+            | Error::Standby { key }
             | Error::Connection { key, .. }
             | Error::ReleaseFailed { key, .. }
             | Error::LockLost { key, .. }
             | Error::ElectionStopped { key } => Some(key),
             Error::InvalidIdentifier { .. }
+            | Error::StaleFencingToken { .. }
+            | Error::FenceNotRaised { .. }
+            | Error::FencedRowNotFound { .. }
+            | Error::FencingFailed { .. }
             | Error::InvalidSchedule { .. }
             | Error::JobStorage { .. }
             | Error::JobOverran { .. } => None,
@@ -478,6 +580,9 @@ pub enum ReleaseFailure {
     Database(String),
     /// The server did not answer the unlock within the release timeout.
     Timeout(Duration),
+    /// The session holding the lock had already closed (its connection broke, or an earlier
+    /// statement on it went unanswered), which frees the lock on the server.
+    SessionClosed,
 }
 
 impl fmt::Display for ReleaseFailure {
@@ -490,8 +595,14 @@ impl fmt::Display for ReleaseFailure {
             ReleaseFailure::Timeout(t) => {
                 write!(f, "no answer to the unlock within {}s", python_float(t))
             }
+            ReleaseFailure::SessionClosed => f.write_str("the session holding the lock had closed"),
         }
     }
+}
+
+/// A fence for error messages: its token, or `unset`.
+fn or_unset(fence: &Option<i64>) -> String {
+    fence.map_or_else(|| "unset".to_owned(), |fence| fence.to_string())
 }
 
 /// ` for '{key}'`, or nothing.

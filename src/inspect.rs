@@ -68,13 +68,14 @@
 //! * **A holder** has no grant time: `pg_locks` does not record one. The inspector uses
 //!   `pg_stat_activity.state_change` of a holder that is `idle` (or `idle in transaction`): the
 //!   moment its last statement finished. The lock was granted by that statement or an earlier
-//!   one, so this is a **lower bound** on how long the lock has been held. For pglock's pinned
-//!   sessions it is the grant itself, to within the lock statement's completion: a pinned
-//!   session runs nothing while it holds its lock, except the token-minting statement of an
-//!   in-process handoff when fencing is on, from which the count then restarts. (An in-process
-//!   handoff without fencing runs no statement; the count is then the session's whole hold, over
-//!   every task it was handed to.) A holder that is running a statement (`active`) may have
-//!   been granted the lock by that very statement, so no bound is known: `since` is `None`.
+//!   one, so this is a **lower bound** on how long the lock has been held. For a lock that
+//!   pglock waited for (held on a session of its own) it is the grant itself, to within the
+//!   lock statement's completion, except after the token-minting statement of an in-process
+//!   handoff when fencing is on, from which the count restarts. A pglock lock session carries
+//!   many locks and runs a statement for each acquisition and release, so for its locks the
+//!   bound is the end of the session's latest statement, which may be much later than the
+//!   grant. A holder that is running a statement (`active`) may have been granted the lock by
+//!   that very statement, so no bound is known: `since` is `None`.
 //!
 //! # Privileges
 //!

@@ -9,13 +9,14 @@
 //! | item | what it is |
 //! | --- | --- |
 //! | [`LockManager`] | The port: the contract every lock manager fulfils, usable generically or as `Arc<dyn LockManager>`. |
-//! | [`PostgresLockManager`] | Session advisory locks, each held on its own pinned connection from your [`sqlx::PgPool`]. |
+//! | [`PostgresLockManager`] | Session advisory locks on a few long-lived connections of your [`sqlx::PgPool`], each carrying any number of locks. |
 //! | [`InMemoryLockManager`] | The same contract inside one process, for your unit tests. |
 //! | [`LockManagerExt`] | Conveniences for every manager: [`with_lock`](LockManagerExt::with_lock). |
 //! | [`LockGuard`] | Proof that a lock is held; release it with [`LockGuard::release`], or drop it; [`LockGuard::lost`] says when it is gone. |
 //! | [`LockInfo`], [`LockMode`] | What was acquired: key, lock id, time, holder id, fencing token, mode. |
 //! | [`LossSignal`], [`LossCause`] | How a holder learns that its lock was lost, and why. |
 //! | [`FencingTable`] | Where [`PostgresLockManager`] keeps fencing tokens. |
+//! | [`RowFence`] | The resource side of fencing for rows of your own tables: raise the fence before the read, write only while it holds. |
 //! | [`LeaderElection`] | Leader election on any [`LockManager`]: a campaign, leadership as a `watch`, leader work cancelled when the lock is lost, graceful `resign`. |
 //! | [`lock_id`], [`migration_lock_key`] | The frozen key-to-lock-id derivation, shared bit for bit with the Python original. |
 //! | [`Error`], [`Result`] | The one error type of the crate. |
@@ -69,7 +70,8 @@
 //! * **Lost locks are reported**: a lock whose session ended is declared lost within about one
 //!   probe interval, and its guard's [`lost`](LockGuard::lost) signal fires.
 //! * **Fencing**: with a [`FencingTable`], every acquisition carries a token larger than any
-//!   before it for its key, so resources can refuse writes from a superseded holder.
+//!   before it for its key, so resources can refuse writes from a superseded holder; for a
+//!   read-modify-write the resource must be fenced before the read ([`RowFence`]).
 //!
 //! The repository's `docs/guide.md` is the user's guide, `docs/design.md` explains the design,
 //! and `docs/failure-model.md` what is detected and how fast.
@@ -85,6 +87,7 @@
 mod core;
 mod error;
 mod ext;
+mod fence;
 mod guard;
 mod identity;
 mod info;
@@ -107,6 +110,7 @@ pub mod testing;
 
 pub use crate::error::{AcquireFailure, Error, ReleaseFailure, Result};
 pub use crate::ext::LockManagerExt;
+pub use crate::fence::RowFence;
 pub use crate::guard::{GuardBackend, LockGuard};
 pub use crate::info::{LockInfo, LockMode};
 pub use crate::key::{

@@ -175,22 +175,34 @@ async fn postgres_acquire_cancelled_while_waiting_on_the_server() {
     }
 }
 
+/// A key held by another manager, so that acquiring it means waiting on a session of its own.
+async fn held_elsewhere(label: &str) -> (String, pglock::LockGuard) {
+    let other = PostgresLockManager::new(pool_named(2, &app_name("elsewhere")).await);
+    let key = key(label);
+    let guard = other.acquire(&key, None).await.expect("acquire elsewhere");
+    (key, guard)
+}
+
 #[tokio::test]
 async fn postgres_acquire_cancelled_while_waiting_for_a_pooled_connection() {
+    // One connection: the lock session takes it, so a contended acquisition (which waits on a
+    // session of its own) finds the pool empty.
     let pg = Pg::new("cancel-checkout", 1).await;
     let locks = common::manager_for(pg.pool.clone(), &pg.app).build();
-    let (pinning, starved) = (key("pins-the-pool"), key("starved"));
+    let pinning = key("pins-the-pool");
+    let (starved, elsewhere) = held_elsewhere("starved").await;
     let guard = locks.acquire(&pinning, None).await.expect("acquire");
     for timeout in [None, Some(EVENTUALLY)] {
         let waiting = locks.acquire(&starved, timeout);
         let outcome = tokio::time::timeout(Duration::from_millis(100), waiting).await;
         assert!(
             outcome.is_err(),
-            "the only connection is pinned, so it waits"
+            "the only connection is the lock session, so the wait waits for the pool"
         );
     }
     assert_eq!(locks.held_lock_count(), 1);
     assert!(guard.release().await.expect("release"));
+    assert!(elsewhere.release().await.expect("release"));
     pg.assert_nothing_left(&locks, &[&pinning, &starved]).await;
 }
 
@@ -307,9 +319,10 @@ async fn a_pool_checkout_that_never_comes_is_bounded_by_the_deadline_and_leaves_
         .expect("connect");
     let locks = common::manager_for(pool, &app).build();
     let pinning = key("pinning");
+    let (starved, elsewhere) = held_elsewhere("starved").await;
     let guard = locks.acquire(&pinning, None).await.expect("acquire");
     let err = locks
-        .acquire(&key("starved"), Some(Duration::from_millis(100)))
+        .acquire(&starved, Some(Duration::from_millis(100)))
         .await
         .expect_err("no connection within the deadline");
     assert!(
@@ -317,5 +330,6 @@ async fn a_pool_checkout_that_never_comes_is_bounded_by_the_deadline_and_leaves_
         "{err:?}"
     );
     assert!(guard.release().await.expect("release"));
+    assert!(elsewhere.release().await.expect("release"));
     assert_pool_clean(&observer().await, &app).await;
 }

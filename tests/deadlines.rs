@@ -125,16 +125,20 @@ async fn one_deadline_covers_the_local_queue_and_the_server_wait() {
 
 #[tokio::test]
 async fn a_deadline_spent_waiting_for_the_pool_is_reported_as_exhaustion() {
+    // The only connection is the lock session's; a key held elsewhere needs one more to wait on.
     let locks = manager("exhausted", 1).await;
+    let holder = manager("holder", 2).await;
+    let starved = key("starved");
+    let held = holder.acquire(&starved, None).await.expect("acquire");
     let pinning = locks.acquire(&key("pinning"), None).await.expect("acquire");
     let mut observed = Vec::new();
     for _ in 0..5 {
         let timeout = Duration::from_millis(50);
         let started = Instant::now();
         let err = locks
-            .acquire(&key("starved"), Some(timeout))
+            .acquire(&starved, Some(timeout))
             .await
-            .expect_err("the only connection is pinned");
+            .expect_err("the only connection is the lock session");
         let elapsed = started.elapsed();
         assert!(matches!(err, Error::PoolExhausted { .. }), "{err:?}");
         assert!(elapsed >= timeout, "{elapsed:?}");
@@ -143,6 +147,7 @@ async fn a_deadline_spent_waiting_for_the_pool_is_reported_as_exhaustion() {
     observed.sort();
     assert_close("pool checkout, timeout 50ms", &observed);
     assert!(pinning.release().await.expect("release"));
+    assert!(held.release().await.expect("release"));
 }
 
 #[tokio::test]
@@ -166,4 +171,43 @@ async fn a_zero_timeout_is_one_immediate_try() {
         format!("Failed to acquire lock '{key}': Timeout after 0.0s")
     );
     assert!(held.release().await.expect("release"));
+}
+
+#[tokio::test]
+async fn deadlines_beyond_what_the_server_takes_wait_as_asked() {
+    let observer = common::observer().await;
+    let holder = manager("holder", 2).await;
+    let app = app_name("far-deadline");
+    let locks = common::manager_for(pool_named(3, &app).await, &app).build();
+    let key = key("far-deadline");
+    // `Duration::MAX` does not fit the clock: it waits like no deadline. Forty days is more
+    // than PostgreSQL's largest lock_timeout (about 24.8 days): it waits in steps of that.
+    let forty_days = Duration::from_secs(40 * 24 * 3600);
+    for (timeout, lock_timeout) in [
+        (Duration::MAX, None),
+        (forty_days, Some("lock_timeout = 2147483647")),
+    ] {
+        let held = holder.acquire(&key, None).await.expect("acquire");
+        let waiter = tokio::spawn({
+            let (locks, key) = (locks.clone(), key.clone());
+            async move { locks.acquire(&key, Some(timeout)).await }
+        });
+        common::eventually("the waiter queues on the server", || async {
+            common::sessions_of(&observer, &app).await.iter().any(|s| {
+                s.wait_event.as_deref() == Some("advisory")
+                    && s.query.as_deref().is_some_and(|q| match lock_timeout {
+                        Some(setting) => q.contains(setting),
+                        None => !q.contains("lock_timeout"),
+                    })
+            })
+        })
+        .await;
+        assert!(held.release().await.expect("release"));
+        let guard = tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("granted once released")
+            .expect("join")
+            .unwrap_or_else(|err| panic!("{timeout:?} must wait, not fail: {err:?}"));
+        assert!(guard.release().await.expect("release"));
+    }
 }

@@ -5,7 +5,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{app_name, key, lock_rows, observer, pool_named};
+use common::{app_name, eventually, key, lock_rows, observer, pool_named};
 use pglock::{
     Error, InMemoryLockManager, LockManager, LockManagerExt, LossCause, PostgresLockManager,
     lock_id,
@@ -114,20 +114,55 @@ async fn a_lost_lock_taken_with_try_acquire_leaves_the_registry() {
 }
 
 #[tokio::test]
-async fn only_the_lost_lock_is_declared_lost() {
+async fn a_lost_lock_on_a_session_of_its_own_leaves_the_lock_sessions_alone() {
     let observer = observer().await;
-    let locks = watched_manager("detect-one").await;
+    let app = app_name("detect-one");
+    let locks = common::manager_for(pool_named(4, &app).await, &app)
+        .probe_interval(PROBE)
+        .probe_grace(Duration::from_millis(300))
+        .build();
+    let rival = PostgresLockManager::new(pool_named(2, &app_name("rival")).await);
     let (doomed, healthy) = (key("doomed"), key("healthy"));
-    let doomed_guard = locks.acquire(&doomed, None).await.expect("acquire");
+    // `doomed` is contended, so it is waited for, and then held, on a session of its own.
+    let rival_guard = rival.acquire(&doomed, None).await.expect("acquire");
+    let waiting = tokio::spawn({
+        let (locks, doomed) = (locks.clone(), doomed.clone());
+        async move { locks.acquire(&doomed, None).await }
+    });
+    eventually("the waiter queues on the server", || async {
+        lock_rows(&observer, lock_id(&doomed)).await.len() == 2
+    })
+    .await;
+    assert!(rival_guard.release().await.expect("release"));
+    let doomed_guard = waiting.await.expect("join").expect("acquire");
     let healthy_guard = locks.acquire(&healthy, None).await.expect("acquire");
+    let (own, shared) = (
+        lock_rows(&observer, lock_id(&doomed)).await[0].pid,
+        lock_rows(&observer, lock_id(&healthy)).await[0].pid,
+    );
+    assert_ne!(own, shared, "two sessions");
+
     kill_holder(&observer, &doomed).await;
     tokio::time::timeout(Duration::from_secs(5), doomed_guard.lost())
         .await
         .expect("lost");
-    // Let the monitor probe a few more times: the healthy lock must survive them.
-    for _ in 0..3 {
-        tokio::time::sleep(PROBE).await;
-    }
+    // Wait for a probe that started after the loss was declared: the healthy lock passed it.
+    let declared: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(&observer)
+        .await
+        .expect("clock");
+    let monitor = format!("{app}:pglock-monitor");
+    eventually("the monitor probes again", || async {
+        let last: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
+            "SELECT max(query_start) FROM pg_stat_activity WHERE application_name = $1",
+        )
+        .bind(&monitor)
+        .fetch_one(&observer)
+        .await
+        .expect("query");
+        last.is_some_and(|last| last > declared)
+    })
+    .await;
     assert!(!healthy_guard.is_lost());
     assert!(locks.is_held(&healthy).await);
     assert!(healthy_guard.release().await.expect("release"));

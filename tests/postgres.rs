@@ -182,8 +182,9 @@ async fn a_timed_out_wait_leaves_its_connection_clean_and_pooled() {
     let observer = observer().await;
     let holder = manager(&app_name("holder"), 2).await;
     let app = app_name("timeout-clean");
-    let pool = pool_named(1, &app).await;
-    // Keep no released session in the manager, so the connection goes straight to the pool.
+    // Two connections: the lock session's, and the one the contended acquisition waits on.
+    let pool = pool_named(2, &app).await;
+    // Keep no released wait session in the manager, so it goes straight back to the pool.
     let waiter = common::manager_for(pool.clone(), &app)
         .idle_sessions(0, Duration::ZERO)
         .build();
@@ -195,35 +196,35 @@ async fn a_timed_out_wait_leaves_its_connection_clean_and_pooled() {
         .await
         .expect_err("held elsewhere");
     assert!(err.is_timeout(), "{err:?}");
-    let pids: Vec<i32> = sessions_of(&observer, &app)
-        .await
-        .iter()
-        .map(|s| s.pid)
-        .collect();
+    let sessions = sessions_of(&observer, &app).await;
     assert_eq!(
-        pids.len(),
-        1,
-        "the waiter's one connection is still open: {pids:?}"
+        sessions.len(),
+        2,
+        "both connections are still open: {sessions:?}"
+    );
+    assert!(
+        sessions.iter().all(|s| s.state.as_deref() == Some("idle")),
+        "no transaction was left open: {sessions:?}"
     );
 
-    // The same connection went back to the pool, idle, with every setting at its default.
-    let state = sessions_of(&observer, &app).await[0].state.clone();
-    assert_eq!(
-        state.as_deref(),
-        Some("idle"),
-        "no transaction was left open"
-    );
-    let mut conn = pool.acquire().await.expect("the connection was returned");
-    let (pid, lock_timeout, check_interval): (i32, String, String) = sqlx::query_as(
+    // The wait's connection went back to the pool (the lock session is still the manager's),
+    // with every setting at its default.
+    let mut conn = tokio::time::timeout(Duration::from_secs(5), pool.acquire())
+        .await
+        .expect("the wait's connection was returned")
+        .expect("checkout");
+    let (pid, lock_timeout, check_interval, name): (i32, String, String, String) = sqlx::query_as(
         "SELECT pg_backend_pid(), current_setting('lock_timeout'), \
-         current_setting('client_connection_check_interval')",
+             current_setting('client_connection_check_interval'), \
+             current_setting('application_name')",
     )
     .fetch_one(&mut *conn)
     .await
     .expect("query");
-    assert_eq!(pid, pids[0]);
+    assert!(sessions.iter().any(|s| s.pid == pid), "{pid} {sessions:?}");
     assert_eq!(lock_timeout, "0");
     assert_eq!(check_interval, "0");
+    assert_eq!(name, app, "the manager's tag was taken off");
     drop(conn);
     assert!(advisory_locks_of(&observer, &app).await.is_empty());
     assert!(guard.release().await.expect("release"));
@@ -233,17 +234,21 @@ async fn a_timed_out_wait_leaves_its_connection_clean_and_pooled() {
 async fn pool_exhaustion_is_a_typed_error_within_the_deadline() {
     let pool = PgPoolOptions::new()
         .max_connections(1)
-        .acquire_timeout(Duration::from_millis(300))
+        .acquire_timeout(Duration::from_secs(60))
         .connect_with(common::options(&app_name("exhausted")))
         .await
         .expect("connect");
     let locks = PostgresLockManager::new(pool);
+    // The lock session takes the only connection; the lock on it costs nothing more.
     let first = locks
-        .acquire(&key("pins-the-pool"), None)
+        .acquire(&key("on-the-lock-session"), None)
         .await
         .expect("acquire");
-
+    // A key held elsewhere must be waited for on a connection of its own: there is none.
+    let elsewhere = manager(&app_name("elsewhere"), 2).await;
     let other = key("needs-a-connection");
+    let held = elsewhere.acquire(&other, None).await.expect("acquire");
+
     let started = Instant::now();
     let err = locks
         .acquire(&other, Some(Duration::from_millis(200)))
@@ -258,7 +263,7 @@ async fn pool_exhaustion_is_a_typed_error_within_the_deadline() {
         } => {
             assert_eq!(key, &other);
             assert_eq!(*max_connections, 1);
-            assert!(*waited >= Duration::from_millis(200), "{waited:?}");
+            assert!(*waited >= Duration::from_millis(150), "{waited:?}");
         }
         other => panic!("expected PoolExhausted, got {other:?}"),
     }
@@ -268,15 +273,51 @@ async fn pool_exhaustion_is_a_typed_error_within_the_deadline() {
     );
     assert!(elapsed < Duration::from_secs(2), "took {elapsed:?}");
 
-    // try_acquire is bounded by the pool's own acquire_timeout.
-    let err = locks
-        .try_acquire(&other)
-        .await
-        .expect_err("no connection is free");
-    assert!(matches!(err, Error::PoolExhausted { .. }), "{err:?}");
-    assert!(first.release().await.expect("release"));
+    // try_acquire runs on the lock session: it never waits for the pool.
+    assert!(locks.try_acquire(&other).await.expect("try").is_none());
+    assert!(held.release().await.expect("release"));
     assert!(locks.try_acquire(&other).await.expect("try").is_some());
     locks.release(&other).await.expect("release");
+    assert!(first.release().await.expect("release"));
+}
+
+#[tokio::test]
+async fn without_a_lock_session_a_try_fails_typed_within_the_session_timeout() {
+    let app = app_name("no-session");
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(60))
+        .connect_with(common::options(&app))
+        .await
+        .expect("connect");
+    let locks = common::manager_for(pool.clone(), &app)
+        .session_timeout(Duration::from_millis(300))
+        .build();
+    // The application holds the pool's only connection, so no lock session can be opened.
+    let taken = pool.acquire().await.expect("checkout");
+    for attempt in [None, Some(Duration::ZERO)] {
+        let started = Instant::now();
+        let err = match attempt {
+            None => locks.try_acquire(&key("cold")).await.map(|_| ()),
+            Some(zero) => locks.acquire(&key("cold"), Some(zero)).await.map(|_| ()),
+        }
+        .expect_err("no lock session can be had");
+        assert!(matches!(err, Error::PoolExhausted { .. }), "{err:?}");
+        let elapsed = started.elapsed();
+        assert!(
+            elapsed < Duration::from_secs(5),
+            "bounded by the session timeout, not the pool's 60 s: {elapsed:?}"
+        );
+    }
+    drop(taken);
+    assert!(
+        locks
+            .try_acquire(&key("warm"))
+            .await
+            .expect("try")
+            .is_some()
+    );
+    assert_eq!(locks.release_all().await.expect("release all"), 1);
 }
 
 #[tokio::test]
@@ -576,33 +617,43 @@ async fn clones_are_one_holder_and_separate_managers_are_two() {
 }
 
 #[tokio::test]
-async fn released_sessions_are_reused_then_returned_to_the_pool() {
+async fn an_idle_lock_session_goes_back_to_the_pool_clean() {
     let observer = observer().await;
     let app = app_name("idle-sessions");
     let pool = pool_named(1, &app).await;
     let locks = common::manager_for(pool.clone(), &app)
-        .idle_sessions(1, Duration::from_millis(100))
+        .session_idle_timeout(Duration::from_millis(200))
         .build();
-    let key = key("idle-sessions");
-    // A lock loop on a one-connection pool runs on that connection, kept by the manager.
-    for _ in 0..20 {
-        let guard = locks.acquire(&key, None).await.expect("acquire");
+    // A lock loop runs on one lock session, whatever the number of keys.
+    for i in 0..20 {
+        let guard = locks
+            .acquire(&key(&format!("idle-{i}")), None)
+            .await
+            .expect("acquire");
         assert!(guard.release().await.expect("release"));
     }
     let sessions = sessions_of(&observer, &app).await;
     assert_eq!(sessions.len(), 1, "{sessions:?}");
-    // Once unused for its time-to-live, the session goes back to the pool, clean.
+    assert_eq!(locks.lock_session_count(), 1);
+    // Once it has held nothing for the idle timeout, the session goes back to the pool, clean.
     let mut conn = tokio::time::timeout(Duration::from_secs(10), pool.acquire())
         .await
-        .expect("the kept session was returned to the pool")
+        .expect("the idle lock session was returned to the pool")
         .expect("checkout");
-    let (pid, held): (i32, i64) = sqlx::query_as(
+    let (pid, held, name): (i32, i64, String) = sqlx::query_as(
         "SELECT pg_backend_pid(), (SELECT count(*) FROM pg_locks \
-         WHERE locktype = 'advisory' AND pid = pg_backend_pid())",
+         WHERE locktype = 'advisory' AND pid = pg_backend_pid()), \
+         current_setting('application_name')",
     )
     .fetch_one(&mut *conn)
     .await
     .expect("query");
     assert_eq!(pid, sessions[0].pid, "the same connection");
     assert_eq!(held, 0, "it holds no advisory lock");
+    assert_eq!(name, app, "the manager's tag was taken off");
+    assert_eq!(locks.lock_session_count(), 0);
+    drop(conn);
+    // The manager opens a new one when it needs it.
+    let guard = locks.acquire(&key("again"), None).await.expect("acquire");
+    assert!(guard.release().await.expect("release"));
 }

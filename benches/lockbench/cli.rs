@@ -107,22 +107,18 @@ impl Default for Args {
 }
 
 impl Args {
-    /// max_connections of pglock's pools: every held lock pins a connection, so W4 needs K.
-    pub fn pool_max(&self) -> u32 {
-        self.pool_max
-            .unwrap_or_else(|| u32::try_from(self.keys + 8).unwrap_or(u32::MAX))
-    }
-
     /// The flags a W3 worker needs to rebuild the same library configuration.
     pub fn lib_knobs(&self) -> Vec<String> {
-        let mut out = vec![
-            "--pool-max".to_owned(),
-            self.pool_max().to_string(),
+        let mut out = Vec::new();
+        if let Some(max) = self.pool_max {
+            out.extend(["--pool-max".to_owned(), max.to_string()]);
+        }
+        out.extend([
             "--pglock-tracing".to_owned(),
             if self.pglock_tracing { "on" } else { "off" }.to_owned(),
             "--counter-sync-commit".to_owned(),
             self.counter_sync_commit.clone(),
-        ];
+        ]);
         if self.log_statements {
             out.push("--log-statements".to_owned());
         }

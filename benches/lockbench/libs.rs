@@ -2,8 +2,8 @@
 //!
 //! * `pglock`: [`PostgresLockManager`] through its public API (`acquire` + `LockGuard::release`,
 //!   `try_acquire` + `release`), on a pool built the way a performance-aware user would.
-//! * `pglock_defaultpool`: the same on a pool with sqlx's default options, except
-//!   `max_connections` (sized as pglock's docs ask: one connection per held lock).
+//! * `pglock_defaultpool`: the same on a pool with sqlx's default options, all of them (10
+//!   connections at most), whatever the number of keys.
 //! * `sqlx_raw`: the bare statements on one connection per holder, prepared (the floor).
 //! * `sqlx_advisory`: sqlx's own [`PgAdvisoryLock`], one connection per holder.
 //! * `noop`: a lock that excludes nothing, the negative control.
@@ -63,8 +63,8 @@ impl LibKind {
     pub fn label(self, args: &Args) -> String {
         let mut label = self.name().to_owned();
         if self.is_pglock() {
-            if args.pool_max.is_some() {
-                label.push_str(&format!("_pool{}", args.pool_max()));
+            if let Some(max) = args.pool_max {
+                label.push_str(&format!("_pool{max}"));
             }
             if !args.pglock_tracing {
                 label.push_str("_notrace");
@@ -162,28 +162,26 @@ impl Lib {
     }
 }
 
-/// The pool a performance-aware user builds for a lock manager.
-///
-/// * `test_before_acquire(false)`: sqlx otherwise pings every idle connection on checkout, one
-///   extra round trip before every lock statement. A dead connection then surfaces as an error
-///   of the lock statement instead, which pglock reports as `Error::Connection`.
-/// * `max_connections`: one per lock held at once (plus slack), as pglock's docs ask.
-///
-/// Everything else is sqlx's default, so `pglock` and `pglock_defaultpool` differ in exactly
-/// one option.
+/// The pool a performance-aware user builds for a lock manager: sqlx's defaults but
+/// `test_before_acquire(false)` (sqlx otherwise pings every idle connection on checkout; the
+/// manager checks out a connection only to open a lock session or to wait for a contended
+/// key, so this matters little now). `--pool-max` sets `max_connections`.
 fn tuned_pool(opts: &PgConnectOptions, args: &Args) -> PgPool {
-    PgPoolOptions::new()
-        .max_connections(args.pool_max())
-        .test_before_acquire(false)
-        .connect_lazy_with(opts.clone())
+    let options = PgPoolOptions::new().test_before_acquire(false);
+    sized(options, args).connect_lazy_with(opts.clone())
 }
 
-/// sqlx's defaults (`PgPool::connect`), except `max_connections`, without which W4's K held
-/// locks could not be taken at all (the default is 10).
+/// sqlx's defaults (`PgPool::connect`): at most 10 connections, whatever the number of keys;
+/// `--pool-max` sets `max_connections`.
 fn default_pool(opts: &PgConnectOptions, args: &Args) -> PgPool {
-    PgPoolOptions::new()
-        .max_connections(args.pool_max())
-        .connect_lazy_with(opts.clone())
+    sized(PgPoolOptions::new(), args).connect_lazy_with(opts.clone())
+}
+
+fn sized(options: PgPoolOptions, args: &Args) -> PgPoolOptions {
+    match args.pool_max {
+        Some(max) => options.max_connections(max),
+        None => options,
+    }
 }
 
 fn pglock_manager(pool: PgPool, args: &Args) -> PostgresLockManager {

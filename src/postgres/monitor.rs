@@ -1,65 +1,105 @@
 //! Lost-lock detection: one probe per interval, for all held locks at once.
+//!
+//! The monitor sees a manager only through [`LockTable`] (what is held, and a way to declare a
+//! lock lost), and the server only through its own connection, opened with the pool's options
+//! while locks are held and closed when none are.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
-use tokio::time::{Instant, sleep, timeout};
+use tokio::sync::Notify;
+use tokio::time::{Instant, timeout};
 
-use super::backend::PgBackend;
-use crate::LockMode;
-use crate::LossCause;
-use crate::core::{Core, Watched};
+use crate::core::{LockTable, Watched};
+use crate::{LockMode, LossCause};
 
 // Which of the given (pid, lock id, mode) triples does the server NOT show as granted? One
 // round trip whatever the number of locks; the answer is the 1-based positions of the missing.
+// A server in recovery holds nothing that counts (a demoted primary came back as a standby):
+// every lock is missing there.
 const PROBE: &str = "SELECT h.i FROM unnest($1::int4[], $2::int8[], $3::bool[]) \
      WITH ORDINALITY AS h(pid, id, shared, i) \
-     WHERE NOT EXISTS (SELECT 1 FROM pg_locks l \
+     WHERE pg_is_in_recovery() OR NOT EXISTS (SELECT 1 FROM pg_locks l \
         WHERE l.locktype = 'advisory' AND l.granted AND l.pid = h.pid \
         AND l.classid = (h.id >> 32)::oid AND l.objid = (h.id & 4294967295)::oid \
         AND l.objsubid = 1 \
         AND l.mode = CASE WHEN h.shared THEN 'ShareLock' ELSE 'ExclusiveLock' END)";
 
-/// Starts the monitor of `core` unless it runs already (or detection is off).
-pub(crate) fn ensure_running(core: &Arc<Core<PgBackend>>) {
-    let backend = &core.backend;
-    let Some(_) = backend.probe else { return };
-    if backend.monitor_running.swap(true, Ordering::SeqCst) {
-        return;
+/// How often to probe, and how long past a failed probe locks stay "unknown" before they are
+/// declared lost.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Probe {
+    pub(crate) interval: Duration,
+    pub(crate) grace: Duration,
+}
+
+pub(crate) struct Monitor {
+    probe: Option<Probe>,
+    options: PgConnectOptions,
+    running: AtomicBool,
+    /// Asks for a probe now (a session closed, so its locks may be gone).
+    wake: Notify,
+}
+
+impl Monitor {
+    /// A monitor connecting with `options` (renamed `name`); `probe: None` turns it off.
+    pub(crate) fn new(probe: Option<Probe>, options: &PgConnectOptions, name: &str) -> Arc<Self> {
+        Arc::new(Monitor {
+            probe,
+            options: options.clone().application_name(name),
+            running: AtomicBool::new(false),
+            wake: Notify::new(),
+        })
     }
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => drop(runtime.spawn(run(Arc::downgrade(core)))),
-        Err(_) => backend.monitor_running.store(false, Ordering::SeqCst),
+
+    /// Starts watching `table` unless already watching (or detection is off).
+    pub(crate) fn ensure_running<T: LockTable>(self: &Arc<Self>, table: Weak<T>) {
+        let Some(probe) = self.probe else { return };
+        if self.running.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(run(Arc::downgrade(self), table, probe))),
+            Err(_) => self.running.store(false, Ordering::SeqCst),
+        }
+    }
+
+    /// Probes now rather than at the end of the interval.
+    pub(crate) fn wake(&self) {
+        self.wake.notify_one();
     }
 }
 
-async fn run(weak: Weak<Core<PgBackend>>) {
+async fn run<T: LockTable>(monitor: Weak<Monitor>, table: Weak<T>, probe: Probe) {
     let mut conn: Option<PgConnection> = None;
     // The last moment at which every lock probed was confirmed held.
     let mut confirmed_at: Option<Instant> = None;
-    while let Some((interval, grace)) = weak.upgrade().and_then(|core| core.backend.probe) {
-        sleep(interval).await;
-        let Some(core) = weak.upgrade() else { break };
-        let watched = core.watched().await;
+    while let Some(this) = monitor.upgrade() {
+        tokio::select! {
+            () = tokio::time::sleep(probe.interval) => {}
+            () = this.wake.notified() => {}
+        }
+        let Some(table) = table.upgrade() else { break };
+        let watched = table.watched().await;
         if watched.is_empty() {
             // Stop while nothing is held; a registration racing with this restarts us (it
             // either sees the flag still set, or finds it cleared and spawns a new monitor).
-            core.backend.monitor_running.store(false, Ordering::SeqCst);
-            if core.held_lock_count() > 0
-                && !core.backend.monitor_running.swap(true, Ordering::SeqCst)
-            {
+            this.running.store(false, Ordering::SeqCst);
+            if table.held_lock_count() > 0 && !this.running.swap(true, Ordering::SeqCst) {
                 continue;
             }
             break;
         }
         let started = Instant::now();
-        match timeout(grace, probe(&mut conn, &core.backend, &watched)).await {
+        match timeout(probe.grace, missing(&mut conn, &this.options, &watched)).await {
             Ok(Ok(missing)) => {
                 confirmed_at = Some(started);
-                for watched in missing {
-                    core.declare_lost(&watched.key, watched.generation, LossCause::NotOnServer)
+                for lost in missing {
+                    table
+                        .declare_lost(&lost.key, lost.generation, LossCause::NotOnServer)
                         .await;
                 }
             }
@@ -69,19 +109,7 @@ async fn run(weak: Weak<Core<PgBackend>>) {
                 }
                 // The connection's state is unknown (or it is broken): start over next time.
                 conn = None;
-                let now = Instant::now();
-                for watched in &watched {
-                    let known = confirmed_at
-                        .map_or(watched.registered_at, |at| at.max(watched.registered_at));
-                    if now.duration_since(known) >= interval + grace {
-                        core.declare_lost(
-                            &watched.key,
-                            watched.generation,
-                            LossCause::Unverifiable,
-                        )
-                        .await;
-                    }
-                }
+                declare_unverifiable(&*table, &watched, confirmed_at, probe).await;
             }
         }
     }
@@ -90,17 +118,32 @@ async fn run(weak: Weak<Core<PgBackend>>) {
     }
 }
 
+/// Declares lost the locks not confirmed for longer than the interval plus the grace.
+async fn declare_unverifiable<T: LockTable>(
+    table: &T,
+    watched: &[Watched],
+    confirmed_at: Option<Instant>,
+    probe: Probe,
+) {
+    let now = Instant::now();
+    for watched in watched {
+        let known = confirmed_at.map_or(watched.registered_at, |at| at.max(watched.registered_at));
+        if now.duration_since(known) >= probe.interval + probe.grace {
+            table
+                .declare_lost(&watched.key, watched.generation, LossCause::Unverifiable)
+                .await;
+        }
+    }
+}
+
 /// Asks the server which of `watched` it no longer holds.
-async fn probe(
+async fn missing(
     conn: &mut Option<PgConnection>,
-    backend: &PgBackend,
+    options: &PgConnectOptions,
     watched: &[Watched],
 ) -> Result<Vec<Watched>, sqlx::Error> {
     if conn.is_none() {
-        let options = backend.pool.connect_options().as_ref().clone();
-        *conn = Some(
-            PgConnection::connect_with(&options.application_name(&backend.monitor_name)).await?,
-        );
+        *conn = Some(PgConnection::connect_with(options).await?);
     }
     let conn = conn.as_mut().expect("connected above");
     let pids: Vec<i32> = watched.iter().map(|w| w.pid.unwrap_or(0)).collect();

@@ -90,8 +90,8 @@
 //! [`with_lock`](crate::LockManagerExt::with_lock) does. `pglock holders scheduled-job:{name}`
 //! shows who runs a job right now.
 //!
-//! Each run needs two connections of the manager's pool at once: one holds the lock, one
-//! records the claim.
+//! A run's statements (reading the record, claiming, recording the end) use the manager's pool
+//! next to its lock sessions: leave the pool a connection to spare.
 
 mod builder;
 mod outcome;

@@ -57,8 +57,11 @@ impl RunArgs {
 
 /// Takes the lock, runs the command under it, and returns the exit code to leave with.
 pub(crate) async fn run(pool: PgPool, args: &RunArgs) -> Result<u8, Failure> {
-    let mut builder =
-        PostgresLockManager::builder(pool.clone()).probe_interval(args.probe_interval);
+    let mut builder = PostgresLockManager::builder(pool.clone())
+        .probe_interval(args.probe_interval)
+        // One lock, then the process ends: keep no idle session open for a next one, so
+        // closing the pool at the end does not wait for it.
+        .session_idle_timeout(Duration::ZERO);
     if let Some(holder_id) = &args.holder_id {
         builder = builder.holder_id(holder_id.clone());
     }

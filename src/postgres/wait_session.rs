@@ -1,4 +1,5 @@
-//! A pooled connection pinned to one lock, and the few clean ones a manager keeps for reuse.
+//! A pooled connection the manager uses for a while (a lock session's, or one waiting for a
+//! contended lock and then holding it), and the few clean ones a manager keeps for reuse.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -24,6 +25,7 @@ struct Idle {
     conn: PoolConnection<Postgres>,
     since: Instant,
     original_name: Option<String>,
+    pid: i32,
 }
 
 impl IdleSessions {
@@ -48,16 +50,22 @@ impl IdleSessions {
             conn: Some(idle.conn),
             idle: Arc::clone(self),
             clean: true,
-            pid: 0,
+            pid: idle.pid,
             original_name: idle.original_name,
         })
     }
 
-    fn put(self: &Arc<Self>, conn: PoolConnection<Postgres>, original_name: Option<String>) {
+    fn put(
+        self: &Arc<Self>,
+        conn: PoolConnection<Postgres>,
+        original_name: Option<String>,
+        pid: i32,
+    ) {
         let idle = Idle {
             conn,
             since: Instant::now(),
             original_name,
+            pid,
         };
         if self.max == 0 {
             return return_to_pool(idle);
@@ -97,7 +105,7 @@ fn return_to_pool(idle: Idle) {
     };
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => drop(runtime.spawn(async move {
-            let restored = sqlx::query("SELECT set_config('application_name', $1, false)")
+            let restored = sqlx::query(super::statements::RESTORE_NAME)
                 .bind(name)
                 .execute(&mut *conn)
                 .await;
@@ -147,9 +155,9 @@ async fn reap(idle: std::sync::Weak<IdleSessions>) {
 }
 
 /// A pooled connection that goes back to the pool only when it is known to be clean: no
-/// advisory lock held, no statement in flight, no session setting changed. In every other
-/// state dropping it closes the connection, which is what makes the server free whatever lock
-/// it may hold.
+/// advisory lock held, no statement in flight, and the `application_name` the manager set is
+/// restored first. In every other state dropping it closes the connection, which is what makes
+/// the server free whatever lock it may hold.
 pub(crate) struct PgSession {
     conn: Option<PoolConnection<Postgres>>,
     idle: Arc<IdleSessions>,
@@ -171,10 +179,39 @@ impl PgSession {
         }
     }
 
-    /// Records the `application_name` the connection had before the manager's first tag, so
-    /// it can be restored when the connection goes back to the pool.
-    pub(crate) fn remember_application_name(&mut self, before: String) {
-        self.original_name.get_or_insert(before);
+    /// Whether [`set_up`](Self::set_up) has run on this connection.
+    pub(crate) fn is_set_up(&self) -> bool {
+        self.pid != 0
+    }
+
+    /// Learns the backend's process id and whether the server is a standby, and tags the
+    /// session with `tag` (restored before the connection goes back to the pool). Returns true
+    /// on a standby.
+    pub(crate) async fn set_up(&mut self, tag: Option<&str>) -> Result<bool, sqlx::Error> {
+        let (pid, before, standby, _) =
+            sqlx::query_as::<_, (i32, String, bool, Option<String>)>(super::statements::SETUP)
+                .bind(tag)
+                .fetch_one(self.conn())
+                .await?;
+        self.mark_clean();
+        self.pid = pid;
+        if tag.is_some() {
+            self.original_name.get_or_insert(before);
+        }
+        Ok(standby)
+    }
+
+    /// Creates the fencing table if it does not exist (one transaction, serialised with other
+    /// creators).
+    pub(crate) async fn create_fencing_table(
+        &mut self,
+        table: &super::fencing::FencingTable,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(table.setup()))
+            .execute(self.conn())
+            .await?;
+        self.mark_clean();
+        Ok(())
     }
 
     /// The connection, for one statement. The session counts as dirty from here until
@@ -186,9 +223,14 @@ impl PgSession {
             .expect("the connection is only taken out on drop")
     }
 
-    /// Declares that the last statement completed and left no lock behind.
+    /// Declares that the last statement completed: nothing is in flight on the connection.
     pub(crate) fn mark_clean(&mut self) {
         self.clean = true;
+    }
+
+    /// Declares the connection unfit for the pool (it may hold a lock): it is closed on drop.
+    pub(crate) fn mark_dirty(&mut self) {
+        self.clean = false;
     }
 
     pub(crate) fn server_version(&self) -> u32 {
@@ -205,7 +247,7 @@ impl Drop for PgSession {
             return;
         };
         if self.clean {
-            return self.idle.put(conn, self.original_name.take());
+            return self.idle.put(conn, self.original_name.take(), self.pid);
         }
         if tokio::runtime::Handle::try_current().is_ok() {
             // Sends Terminate and closes on a task; sqlx keeps the pool's count right.

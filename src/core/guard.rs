@@ -1,0 +1,116 @@
+//! A guard's handle on its acquisition in the registry.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tracing::Instrument;
+
+use super::{Backend, Core};
+use crate::telemetry::{self, outcome, via};
+use crate::{Error, GuardBackend, LossSignal, Result};
+
+pub(super) struct CoreGuard<B: Backend> {
+    pub(super) core: Arc<Core<B>>,
+    pub(super) key: String,
+    pub(super) lock_id: i64,
+    pub(super) generation: u64,
+    pub(super) signal: LossSignal,
+    /// False once the acquisition was handed to `release` or `leak`.
+    pub(super) armed: bool,
+}
+
+impl<B: Backend> std::fmt::Debug for CoreGuard<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CoreGuard")
+            .field("key", &self.key)
+            .field("generation", &self.generation)
+            .field("armed", &self.armed)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl<B: Backend> GuardBackend for CoreGuard<B> {
+    async fn release(mut self: Box<Self>) -> Result<bool> {
+        let mut recorder = self.core.release_outcome(&self.key, via::GUARD);
+        let span = recorder.span().clone();
+        // Stay armed until the registry entry is out: if this future is dropped while waiting
+        // for the registry, `Drop` still releases.
+        let held = self
+            .core
+            .forget_generation(&self.key, self.generation)
+            .instrument(span.clone())
+            .await;
+        self.armed = false;
+        let Some(held) = held else {
+            span.record(telemetry::LOCK_ID, self.lock_id);
+            return match self.signal.cause() {
+                Some(cause) => {
+                    recorder.finish(outcome::LOST, true);
+                    Err(Error::LockLost {
+                        key: std::mem::take(&mut self.key),
+                        cause,
+                    })
+                }
+                None => {
+                    recorder.finish(outcome::ALREADY_RELEASED, false);
+                    Ok(false)
+                }
+            };
+        };
+        self.core
+            .unlock(&self.key, held, recorder)
+            .await
+            .map(|()| true)
+    }
+
+    fn leak(mut self: Box<Self>) {
+        self.armed = false;
+    }
+
+    fn loss_signal(&self) -> LossSignal {
+        self.signal.clone()
+    }
+}
+
+impl<B: Backend> Drop for CoreGuard<B> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let core = Arc::clone(&self.core);
+        let key = std::mem::take(&mut self.key);
+        let generation = self.generation;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime to unlock on: drop the entry, whose session lets the lock go as it
+            // drops (see `Backend::Session`).
+            if let Ok(mut state) = core.state.try_lock() {
+                drop(state.take_generation(&key, generation));
+                core.set_held(state.held.len());
+            }
+            return;
+        };
+        // Forget the entry now when the registry is free, so `is_held` and
+        // `held_lock_count` reflect the drop at once; the unlock itself runs on a task.
+        let forgotten = core.state.try_lock().ok().map(|mut state| {
+            let held = state.take_generation(&key, generation);
+            core.set_held(state.held.len());
+            held
+        });
+        match forgotten {
+            // Already released through the manager: nothing of ours is left.
+            Some(None) => {}
+            Some(Some(held)) => {
+                runtime.spawn(async move {
+                    let recorder = core.release_outcome(&key, via::DROP);
+                    let _ = core.unlock(&key, held, recorder).await;
+                });
+            }
+            None => {
+                runtime.spawn(async move {
+                    let _ = core.release_generation(&key, generation, via::DROP).await;
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! The registry of held locks: what a manager holds, through which session, since when, and
+//! the rules for letting go (by key, by generation, all at once, or as a loss).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tokio::time::Instant;
+use tracing::{Instrument, Span};
+
+use super::spans::{self, Outcome};
+use super::turn::{Handoff, Turn, TurnPermit};
+use super::{Backend, Core, Slots, Stage};
+use crate::telemetry::{self, outcome, via};
+use crate::{Error, LockMode, LossCause, LossSignal, Result, lock_id};
+
+pub(super) struct State<S: Send + 'static> {
+    pub(super) held: HashMap<String, Held<S>>,
+    /// One FIFO turn per key (see `turn.rs`).
+    pub(super) turns: Slots<String, Turn<S>>,
+}
+
+pub(super) struct Held<S: Send + 'static> {
+    pub(super) generation: u64,
+    pub(super) lock_id: i64,
+    pub(super) mode: LockMode,
+    pub(super) signal: LossSignal,
+    pub(super) registered_at: Instant,
+    /// When the server granted the lock this session holds (earlier than `registered_at` after
+    /// a handoff) and how many handoffs it has been through.
+    pub(super) since: Instant,
+    pub(super) handoffs: u32,
+    // Field order matters: the session (which may still hold the lock) goes before the turn,
+    // so a local waiter never starts before the lock is at least being let go.
+    pub(super) session: S,
+    pub(super) turn: TurnPermit<S>,
+}
+
+/// A granted session about to be registered, with its history.
+pub(super) struct Granted<S: Send + 'static> {
+    pub(super) session: S,
+    pub(super) token: Option<i64>,
+    pub(super) since: Instant,
+    pub(super) handoffs: u32,
+}
+
+/// A held lock as the loss detector sees it.
+#[derive(Debug, Clone)]
+pub(crate) struct Watched {
+    pub(crate) key: String,
+    pub(crate) generation: u64,
+    pub(crate) lock_id: i64,
+    pub(crate) mode: LockMode,
+    pub(crate) pid: Option<i32>,
+    /// When the lock was granted: the last moment it was known to be held, until a probe says
+    /// so again.
+    pub(crate) registered_at: Instant,
+}
+
+impl<S: Send + 'static> State<S> {
+    pub(super) fn new() -> Self {
+        State {
+            held: HashMap::new(),
+            turns: Slots::new(Turn::default),
+        }
+    }
+
+    pub(super) fn turn(&mut self, key: &str) -> Arc<Turn<S>> {
+        self.turns.get(key)
+    }
+
+    pub(super) fn take_generation(&mut self, key: &str, generation: u64) -> Option<Held<S>> {
+        match self.held.get(key) {
+            Some(held) if held.generation == generation => self.held.remove(key),
+            _ => None,
+        }
+    }
+}
+
+impl<B: Backend> Core<B> {
+    pub(super) async fn register(
+        self: &Arc<Self>,
+        key: &str,
+        lock_id: i64,
+        mode: LockMode,
+        granted: Granted<B::Session>,
+        turn: TurnPermit<B::Session>,
+    ) -> (u64, LossSignal) {
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
+        let signal = LossSignal::new();
+        let held = Held {
+            generation,
+            lock_id,
+            mode,
+            signal: signal.clone(),
+            registered_at: Instant::now(),
+            since: granted.since,
+            handoffs: granted.handoffs,
+            session: granted.session,
+            turn,
+        };
+        {
+            let mut state = self.state.lock().await;
+            // Holding the key's turn makes this the only live acquisition of the key here.
+            let previous = state.held.insert(key.to_owned(), held);
+            debug_assert!(previous.is_none(), "two live acquisitions of one key");
+            self.set_held(state.held.len());
+        }
+        B::watch(self);
+        (generation, signal)
+    }
+
+    /// The locks held right now, for the loss detector.
+    pub(crate) async fn watched(&self) -> Vec<Watched> {
+        let state = self.state.lock().await;
+        state
+            .held
+            .iter()
+            .map(|(key, held)| Watched {
+                key: key.clone(),
+                generation: held.generation,
+                lock_id: held.lock_id,
+                mode: held.mode,
+                pid: B::session_pid(&held.session),
+                registered_at: held.registered_at,
+            })
+            .collect()
+    }
+
+    /// Declares whatever acquisition of `key` is registered lost (see `declare_lost`).
+    pub(crate) async fn declare_key_lost(&self, key: &str, cause: LossCause) -> bool {
+        let generation = self.state.lock().await.held.get(key).map(|h| h.generation);
+        match generation {
+            Some(generation) => self.declare_lost(key, generation, cause).await,
+            None => false,
+        }
+    }
+
+    /// Declares the acquisition `generation` of `key` lost: the registry forgets it, its
+    /// session is dropped (which frees the lock if it is still held), its signal fires and the
+    /// next local waiter may start. Returns false when that acquisition is no longer registered.
+    pub(crate) async fn declare_lost(&self, key: &str, generation: u64, cause: LossCause) -> bool {
+        let held = {
+            let mut state = self.state.lock().await;
+            let held = state.take_generation(key, generation);
+            self.set_held(state.held.len());
+            // Fire the signal before the registry lock is released: whoever finds the entry
+            // gone (a guard's release, an election's check) then also finds it lost.
+            if let Some(held) = &held {
+                held.signal.declare(cause.clone());
+            }
+            held
+        };
+        let Some(held) = held else {
+            return false;
+        };
+        if self.tracing {
+            spans::lost(key, held.lock_id, held.mode, self.holder_id(), &cause);
+        }
+        self.metrics.lost(&cause);
+        drop(held);
+        true
+    }
+
+    /// Removes `key` from the registry, whoever acquired it.
+    async fn forget(&self, key: &str) -> Option<Held<B::Session>> {
+        let mut state = self.state.lock().await;
+        let held = state.held.remove(key);
+        self.set_held(state.held.len());
+        held
+    }
+
+    /// Removes `key` from the registry only if it is still the acquisition `generation`.
+    pub(super) async fn forget_generation(
+        &self,
+        key: &str,
+        generation: u64,
+    ) -> Option<Held<B::Session>> {
+        let mut state = self.state.lock().await;
+        let held = state.take_generation(key, generation);
+        self.set_held(state.held.len());
+        held
+    }
+
+    pub(crate) async fn release(&self, key: &str) -> Result<()> {
+        let mut recorder = self.release_outcome(key, via::KEY);
+        let span = recorder.span().clone();
+        let Some(held) = self.forget(key).instrument(span.clone()).await else {
+            if self.tracing {
+                span.record(telemetry::LOCK_ID, lock_id(key));
+            }
+            recorder.finish(outcome::NOT_HELD, false);
+            return Err(Error::NotHeld {
+                key: key.to_owned(),
+            });
+        };
+        self.unlock(key, held, recorder).await
+    }
+
+    pub(crate) async fn release_all(&self) -> Result<usize> {
+        let drained: Vec<(String, Held<B::Session>)> = {
+            let mut state = self.state.lock().await;
+            let drained = state.held.drain().collect();
+            self.set_held(0);
+            drained
+        };
+        // If this future is dropped part-way, the remaining entries drop with it, and dropping
+        // a session lets its lock go in the background.
+        let mut released = 0;
+        for (key, held) in drained {
+            let recorder = self.release_outcome(&key, via::RELEASE_ALL);
+            if self.unlock(&key, held, recorder).await.is_ok() {
+                released += 1;
+            }
+        }
+        Ok(released)
+    }
+
+    pub(super) async fn release_generation(
+        &self,
+        key: &str,
+        generation: u64,
+        how: &'static str,
+    ) -> Result<bool> {
+        let mut recorder = self.release_outcome(key, how);
+        let span = recorder.span().clone();
+        match self
+            .forget_generation(key, generation)
+            .instrument(span.clone())
+            .await
+        {
+            Some(held) => self.unlock(key, held, recorder).await.map(|()| true),
+            None => {
+                if self.tracing {
+                    span.record(telemetry::LOCK_ID, lock_id(key));
+                }
+                recorder.finish(outcome::ALREADY_RELEASED, false);
+                Ok(false)
+            }
+        }
+    }
+
+    pub(super) fn release_outcome(&self, key: &str, how: &'static str) -> Outcome {
+        Outcome::new(spans::release_span(
+            self.tracing,
+            key,
+            self.holder_id(),
+            how,
+        ))
+    }
+
+    /// Lets go of a lock the registry has already forgotten: hands it to the next local waiter
+    /// when the handoff limits allow, otherwise unlocks it on the server and then lets the next
+    /// local waiter in.
+    pub(super) async fn unlock(
+        &self,
+        key: &str,
+        held: Held<B::Session>,
+        mut recorder: Outcome,
+    ) -> Result<()> {
+        let span: Span = recorder.span().clone();
+        span.record(telemetry::LOCK_ID, held.lock_id);
+        span.record(telemetry::MODE, held.mode.as_str());
+        self.metrics
+            .hold_time(held.mode, held.registered_at.elapsed());
+        self.checkpoint(Stage::Unlock, key).await;
+        let Held {
+            lock_id,
+            mode,
+            session,
+            turn,
+            since,
+            handoffs,
+            ..
+        } = held;
+        let within_limits = self.handoff.is_some_and(|limits| {
+            handoffs < limits.max_handoffs && since.elapsed() < limits.max_hold
+        });
+        let (turn, session) = if within_limits {
+            let handoff = Handoff {
+                session,
+                mode,
+                since,
+                handoffs: handoffs + 1,
+            };
+            match turn.hand_over(handoff) {
+                Ok(()) => {
+                    recorder.finish(outcome::HANDED_OVER, false);
+                    return Ok(());
+                }
+                Err((turn, handoff)) => (turn, handoff.session),
+            }
+        } else {
+            (turn, session)
+        };
+        let result = self
+            .backend
+            .unlock(key, lock_id, mode, session)
+            .instrument(span.clone())
+            .await;
+        drop(turn);
+        match &result {
+            Ok(()) => recorder.finish(outcome::RELEASED, false),
+            Err(err) => {
+                tracing::warn!(parent: &span, error = %err, "lock release unconfirmed");
+                recorder.finish(outcome::ERROR, true);
+            }
+        }
+        result
+    }
+}

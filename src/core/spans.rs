@@ -1,0 +1,136 @@
+//! The spans of lock operations, with their fields declared up front and the outcome recorded
+//! when the operation ends (or `cancelled` when it never does).
+
+use std::time::Duration;
+
+use tracing::{Span, field::Empty};
+
+use crate::LockMode;
+use crate::telemetry::{self, outcome};
+
+pub(crate) fn acquire_span(
+    enabled: bool,
+    key: &str,
+    lock_id: i64,
+    mode: LockMode,
+    timeout: Option<Duration>,
+    holder_id: Option<&str>,
+) -> Span {
+    if !enabled {
+        return Span::none();
+    }
+    let span = tracing::info_span!(
+        telemetry::ACQUIRE_SPAN,
+        { telemetry::KEY } = key,
+        { telemetry::LOCK_ID } = lock_id,
+        { telemetry::MODE } = mode.as_str(),
+        { telemetry::TIMEOUT_MS } = Empty,
+        { telemetry::HOLDER_ID } = holder_id,
+        { telemetry::OUTCOME } = Empty,
+        { telemetry::WAITED_MS } = Empty,
+        otel.status_code = Empty,
+    );
+    if let Some(timeout) = timeout {
+        span.record(telemetry::TIMEOUT_MS, duration_ms(timeout));
+    }
+    span
+}
+
+pub(crate) fn try_acquire_span(
+    enabled: bool,
+    key: &str,
+    lock_id: i64,
+    mode: LockMode,
+    holder_id: Option<&str>,
+) -> Span {
+    if !enabled {
+        return Span::none();
+    }
+    tracing::info_span!(
+        telemetry::TRY_ACQUIRE_SPAN,
+        { telemetry::KEY } = key,
+        { telemetry::LOCK_ID } = lock_id,
+        { telemetry::MODE } = mode.as_str(),
+        { telemetry::HOLDER_ID } = holder_id,
+        { telemetry::OUTCOME } = Empty,
+        otel.status_code = Empty,
+    )
+}
+
+/// The release span; the lock id and mode are recorded once the entry is known.
+pub(crate) fn release_span(
+    enabled: bool,
+    key: &str,
+    holder_id: Option<&str>,
+    how: &'static str,
+) -> Span {
+    if !enabled {
+        return Span::none();
+    }
+    tracing::info_span!(
+        telemetry::RELEASE_SPAN,
+        { telemetry::KEY } = key,
+        { telemetry::LOCK_ID } = Empty,
+        { telemetry::MODE } = Empty,
+        { telemetry::HOLDER_ID } = holder_id,
+        { telemetry::RELEASE_VIA } = how,
+        { telemetry::OUTCOME } = Empty,
+        otel.status_code = Empty,
+    )
+}
+
+/// Emits the `pglock.lost` span and its warning.
+pub(crate) fn lost(
+    key: &str,
+    lock_id: i64,
+    mode: LockMode,
+    holder_id: Option<&str>,
+    cause: &crate::LossCause,
+) {
+    let span = tracing::warn_span!(
+        telemetry::LOST_SPAN,
+        { telemetry::KEY } = key,
+        { telemetry::LOCK_ID } = lock_id,
+        { telemetry::MODE } = mode.as_str(),
+        { telemetry::HOLDER_ID } = holder_id,
+        { telemetry::CAUSE } = %cause,
+        otel.status_code = "ERROR",
+    );
+    tracing::warn!(parent: &span, %cause, "lock lost");
+}
+
+/// Records a span's outcome when an operation ends, and `cancelled` if it never does.
+pub(crate) struct Outcome {
+    span: Span,
+    done: bool,
+}
+
+impl Outcome {
+    pub(crate) fn new(span: Span) -> Self {
+        Outcome { span, done: false }
+    }
+
+    pub(crate) fn span(&self) -> &Span {
+        &self.span
+    }
+
+    pub(crate) fn finish(&mut self, outcome: &'static str, failed: bool) {
+        self.span.record(telemetry::OUTCOME, outcome);
+        if failed {
+            self.span.record("otel.status_code", "ERROR");
+        }
+        self.done = true;
+    }
+}
+
+impl Drop for Outcome {
+    fn drop(&mut self) {
+        if !self.done {
+            self.span.record(telemetry::OUTCOME, outcome::CANCELLED);
+        }
+    }
+}
+
+pub(crate) fn duration_ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1000.0
+}

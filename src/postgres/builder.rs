@@ -1,0 +1,327 @@
+//! Configuration of a `PostgresLockManager`.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::OnceCell;
+
+use super::PostgresLockManager;
+use super::backend::PgBackend;
+use super::fencing::FencingTable;
+use super::lock_session::SessionContext;
+use super::monitor::{Monitor, Probe};
+use super::sessions::{LockSessions, SessionsConfig};
+use super::statements::Statements;
+use super::wait_session::IdleSessions;
+use crate::core::{Core, HandoffLimits, Hook, Options};
+
+/// Builds a [`PostgresLockManager`].
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct PostgresLockManagerBuilder {
+    pool: PgPool,
+    holder_id: Option<String>,
+    tracing: bool,
+    release_timeout: Duration,
+    fencing: Option<FencingTable>,
+    tag_prefix: Option<String>,
+    probe_interval: Option<Duration>,
+    probe_grace: Duration,
+    handoff: Option<HandoffLimits>,
+    idle_sessions: (usize, Duration),
+    lock_sessions: usize,
+    session_timeout: Duration,
+    session_idle_timeout: Duration,
+    allow_standby: bool,
+    meter: crate::metrics::MeterChoice,
+    hook: Option<Hook>,
+}
+
+impl PostgresLockManagerBuilder {
+    pub(super) fn new(pool: PgPool) -> Self {
+        PostgresLockManagerBuilder {
+            pool,
+            holder_id: None,
+            tracing: true,
+            release_timeout: Duration::from_secs(5),
+            fencing: None,
+            tag_prefix: Some("pglock:".to_owned()),
+            probe_interval: Some(Duration::from_secs(2)),
+            probe_grace: Duration::from_secs(2),
+            handoff: Some(HandoffLimits::DEFAULT),
+            idle_sessions: (usize::MAX, Duration::from_millis(250)),
+            lock_sessions: 2,
+            session_timeout: Duration::from_secs(2),
+            session_idle_timeout: Duration::from_secs(10),
+            allow_standby: false,
+            meter: Default::default(),
+            hook: None,
+        }
+    }
+
+    /// A free-form id of this holder, stamped on every [`LockInfo`](crate::LockInfo) and span,
+    /// and (see [`application_name_prefix`](Self::application_name_prefix)) on its sessions.
+    ///
+    /// Make it unique per process (a pod name, host plus pid): a constant shared by fifty
+    /// replicas says nothing about who holds a lock. It is never interpolated into SQL.
+    /// Default: `{host}:{pid}:{16 random hex digits}`, unique per process and per manager.
+    pub fn holder_id(mut self, holder_id: impl Into<String>) -> Self {
+        self.holder_id = Some(holder_id.into());
+        self
+    }
+
+    /// Whether to emit the [`telemetry`](crate::telemetry) spans. Default: on.
+    pub fn tracing(mut self, enabled: bool) -> Self {
+        self.tracing = enabled;
+        self
+    }
+
+    /// Mints a [fencing token](crate::LockInfo::fencing_token) for every acquisition, kept in
+    /// `table`.
+    ///
+    /// Tokens strictly increase per key across acquisitions, releases, handoffs and restarts
+    /// of the application or the server, and never repeat. Minting rides on the acquisition's
+    /// own statement (or message), so it adds no round trip; an in-process handoff mints with
+    /// one. The table is created on first use (see [`FencingTable`]). Default: off.
+    pub fn fencing(mut self, table: FencingTable) -> Self {
+        self.fencing = Some(table);
+        self
+    }
+
+    /// Tags the sessions this manager uses with `application_name = {prefix}{holder id}`
+    /// (printable ASCII, cut to PostgreSQL's 63 bytes), so `pg_stat_activity` and
+    /// [`inspect`](crate::inspect) show who holds and who waits for each lock. The tag is set
+    /// when the manager starts using a session, and the original name is restored before the
+    /// connection goes back to the pool. `None` leaves the pool's name alone. Default:
+    /// `Some("pglock:")`.
+    pub fn application_name_prefix(mut self, prefix: Option<&str>) -> Self {
+        self.tag_prefix = prefix.map(str::to_owned);
+        self
+    }
+
+    /// How long a statement that lets a lock go (or any statement on a lock session) may go
+    /// unanswered before the manager gives up on its session and closes it, which frees the
+    /// session's locks on the server. Default: 5 seconds.
+    pub fn release_timeout(mut self, timeout: Duration) -> Self {
+        self.release_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How many lock sessions (connections of the pool, each carrying any number of locks) the
+    /// manager may open at once. Acquisitions go to the least busy one; a new one opens, up to
+    /// this cap, only when all are busy. Default: 2. At least 1.
+    pub fn lock_sessions(mut self, max: usize) -> Self {
+        self.lock_sessions = max.max(1);
+        self
+    }
+
+    /// How long an acquisition waits for a lock session when none is open (the pool checkout
+    /// and the session's set-up), before it fails with a typed error. An `acquire` with a
+    /// shorter deadline waits only until its deadline. Default: 2 seconds.
+    pub fn session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = timeout;
+        self
+    }
+
+    /// How long a lock session that holds no lock stays open for the next acquisition before
+    /// its connection goes back to the pool. Default: 10 seconds.
+    pub fn session_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.session_idle_timeout = timeout;
+        self
+    }
+
+    /// Lets the manager take locks on a standby (a server in recovery). Default: refused, with
+    /// [`Error::Standby`](crate::Error::Standby).
+    ///
+    /// Advisory locks are not replicated: a lock on a standby excludes only the standby's other
+    /// sessions, never the primary's. Turn this on only if every contender uses the same
+    /// standby on purpose.
+    pub fn allow_standby(mut self, allow: bool) -> Self {
+        self.allow_standby = allow;
+        self
+    }
+
+    /// How often the manager checks, while it holds locks, that the server still holds them.
+    ///
+    /// Each check is one query on a dedicated connection (opened while locks are held, closed
+    /// when none are) covering every held lock at once, so its cost does not grow with the
+    /// number of locks. A lock whose session has ended is declared lost within about one
+    /// interval. Default: 2 seconds.
+    pub fn probe_interval(mut self, interval: Duration) -> Self {
+        self.probe_interval = Some(interval.max(Duration::from_millis(1)));
+        self
+    }
+
+    /// How long past a missed check the manager waits before declaring locks it cannot verify
+    /// lost. While the server cannot be asked (network partition, server down), held locks
+    /// are "unknown"; they are declared lost ([`LossCause::Unverifiable`](crate::LossCause))
+    /// once `probe_interval + probe_grace` has passed since they were last confirmed. A check
+    /// that takes longer than the grace counts as failed. Default: 2 seconds.
+    pub fn probe_grace(mut self, grace: Duration) -> Self {
+        self.probe_grace = grace.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Turns lost-lock detection on (the default) or off. Without it, guards' loss signals
+    /// never fire and no monitor connection is opened.
+    pub fn detect_lost_locks(mut self, enabled: bool) -> Self {
+        self.probe_interval = match (enabled, self.probe_interval) {
+            (false, _) => None,
+            (true, Some(interval)) => Some(interval),
+            (true, None) => Some(Duration::from_secs(2)),
+        };
+        self
+    }
+
+    /// Bounds the in-process handoff of a lock between tasks of this manager.
+    ///
+    /// When a task releases a lock while another task of the same manager waits for the same
+    /// key (in the same mode), the lock goes straight to the waiting task: it never unlocks on
+    /// the server, so the handoff costs no round trip. This repeats at most `max_handoffs` times
+    /// in a row, and only while less than `max_hold` has passed since the server granted the
+    /// lock; then the lock is unlocked on the server, where processes queued for it get their
+    /// turn before this manager's next task. The bound is what keeps other processes from
+    /// starving. `max_handoffs = 0` turns handoffs off. Default: 16 handoffs, 10 ms.
+    pub fn handoff_limits(mut self, max_handoffs: u32, max_hold: Duration) -> Self {
+        self.handoff = (max_handoffs > 0).then_some(HandoffLimits {
+            max_handoffs,
+            max_hold,
+        });
+        self
+    }
+
+    /// How many released wait sessions (the sessions contended acquisitions wait on) the
+    /// manager keeps for its next contended acquisitions, and for how long, before they go back
+    /// to the pool.
+    ///
+    /// Reusing one skips the health check sqlx runs on every connection returned to its pool,
+    /// and its set-up. Kept sessions count against the pool's `max_connections`; after `ttl`
+    /// unused they are returned. `max = 0` returns every one at once. Default: no count limit,
+    /// 250 ms.
+    pub fn idle_sessions(mut self, max: usize, ttl: Duration) -> Self {
+        self.idle_sessions = (max, ttl);
+        self
+    }
+
+    /// Records the [metrics](crate::telemetry::metrics) through `meter`. Default:
+    /// `opentelemetry::global::meter("pglock")`.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn meter(mut self, meter: opentelemetry::metrics::Meter) -> Self {
+        self.meter.meter = Some(meter);
+        self
+    }
+
+    /// Puts the holder id on every metric series as the `pglock.holder_id` attribute. Turn it
+    /// on only when holder ids are few and stable: each distinct id is a new set of series
+    /// (see [`telemetry::metrics`](crate::telemetry::metrics#cardinality)). Default: off.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn metrics_holder_id(mut self, enabled: bool) -> Self {
+        self.meter.holder_id = enabled;
+        self
+    }
+
+    /// Installs a hook awaited at every await point of lock operations (tests only).
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn stage_hook(mut self, hook: crate::testing::StageHook) -> Self {
+        self.hook = Some(hook);
+        self
+    }
+
+    /// Builds the manager. Nothing touches the database yet.
+    pub fn build(self) -> PostgresLockManager {
+        let holder_id = self
+            .holder_id
+            .unwrap_or_else(crate::identity::default_holder_id);
+        let tag = self
+            .tag_prefix
+            .map(|prefix| crate::identity::application_name(&format!("{prefix}{holder_id}")));
+        let statements = Arc::new(Statements::new(self.fencing, tag));
+        let probe = self.probe_interval.map(|interval| Probe {
+            interval,
+            grace: self.probe_grace,
+        });
+        let monitor = Monitor::new(
+            probe,
+            self.pool.connect_options().as_ref(),
+            &monitor_name(&self.pool),
+        );
+        let fencing_ready = Arc::new(OnceCell::new());
+        let context = Arc::new(SessionContext {
+            statements: Arc::clone(&statements),
+            statement_timeout: self.release_timeout,
+            idle_timeout: self.session_idle_timeout,
+        });
+        let sessions = LockSessions::new(
+            self.pool.clone(),
+            SessionsConfig {
+                max: self.lock_sessions,
+                open_timeout: self.session_timeout,
+                allow_standby: self.allow_standby,
+            },
+            context,
+            Arc::clone(&fencing_ready),
+            Arc::clone(&monitor),
+        );
+        let backend = PgBackend {
+            statements,
+            sessions,
+            fencing_ready,
+            monitor,
+            pool: self.pool,
+            release_timeout: self.release_timeout,
+            session_timeout: self.session_timeout,
+            answer_grace: Duration::from_millis(250),
+            allow_standby: self.allow_standby,
+            idle: IdleSessions::new(self.idle_sessions.0, self.idle_sessions.1),
+        };
+        let options = Options {
+            metrics: crate::metrics::Metrics::build(self.meter, &holder_id),
+            holder_id: Some(holder_id),
+            tracing: self.tracing,
+            hook: self.hook,
+            handoff: self.handoff,
+        };
+        PostgresLockManager {
+            core: Arc::new(Core::new(backend, options)),
+        }
+    }
+}
+
+/// The monitor connection's `application_name`: the pool's, tagged, so `pg_stat_activity`
+/// attributes it to its manager.
+fn monitor_name(pool: &PgPool) -> String {
+    const SUFFIX: &str = ":pglock-monitor";
+    match pool.connect_options().get_application_name() {
+        Some(app) if !app.is_empty() => {
+            // PostgreSQL keeps 63 bytes; keep the suffix, cut the pool's name on a char boundary.
+            let mut end = app.len().min(63 - SUFFIX.len());
+            while !app.is_char_boundary(end) {
+                end -= 1;
+            }
+            format!("{}{SUFFIX}", &app[..end])
+        }
+        _ => "pglock-monitor".to_owned(),
+    }
+}
+
+impl fmt::Debug for PostgresLockManagerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresLockManagerBuilder")
+            .field("holder_id", &self.holder_id)
+            .field("tracing", &self.tracing)
+            .field("release_timeout", &self.release_timeout)
+            .field("probe_interval", &self.probe_interval)
+            .field("probe_grace", &self.probe_grace)
+            .field("handoff", &self.handoff)
+            .field("lock_sessions", &self.lock_sessions)
+            .field("session_timeout", &self.session_timeout)
+            .field("session_idle_timeout", &self.session_idle_timeout)
+            .field("allow_standby", &self.allow_standby)
+            .field("idle_sessions", &self.idle_sessions)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,531 @@
+//! A lock session: one pooled connection, owned by a task, on which a manager takes and holds
+//! any number of locks.
+//!
+//! Callers never touch the connection. They send a command to the task that owns it and wait
+//! for the answer. The task runs every statement to completion whether or not its caller still
+//! waits, so a dropped caller cannot leave the connection half-way through a statement (which
+//! would force it closed, and every other lock on it with it). When the caller of a granted
+//! try has gone, the task unlocks at once, before its next command.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use sqlx::AssertSqlSafe;
+use std::pin::Pin;
+use tokio::sync::{mpsc, oneshot};
+
+use tokio::time::{Instant, Sleep, timeout_at};
+
+use super::errors::breaks_connection;
+use super::statements::Statements;
+use super::wait_session::PgSession;
+use crate::LockMode;
+
+/// Why a command did not complete.
+#[derive(Debug)]
+pub(crate) enum SessionError {
+    /// The server refused the statement; the session goes on.
+    Database(sqlx::Error),
+    /// The session has closed: its connection broke (`Some`), a statement went unanswered for
+    /// the statement timeout, or it was already closed when the command arrived.
+    Closed(Option<sqlx::Error>),
+    /// A statement went unanswered for this long; the session was closed.
+    Unanswered(Duration),
+    /// The caller's deadline passed before the answer came (any grant is undone).
+    Deadline,
+}
+
+/// What the task of every session needs to know, and whom it tells when it ends.
+pub(crate) struct SessionContext {
+    pub(crate) statements: Arc<Statements>,
+    /// How long a statement may go unanswered before the session is closed.
+    pub(crate) statement_timeout: Duration,
+    /// How long a session holding no lock stays available before it retires.
+    pub(crate) idle_timeout: Duration,
+}
+
+/// Told when a session stops being available.
+pub(crate) trait SessionEvents: Send + Sync + 'static {
+    /// The session holds nothing and has been idle: stop handing it out.
+    fn retired(&self, id: u64);
+    /// The session closed, with whatever locks it held.
+    fn closed(&self, id: u64);
+}
+
+/// A granted try's lease and fencing token, `None` when the lock is held elsewhere.
+type TryAnswer = Result<Option<(Lease, Option<i64>)>, SessionError>;
+
+enum Command {
+    Try {
+        lock_id: i64,
+        mode: LockMode,
+        reply: oneshot::Sender<TryAnswer>,
+    },
+    Unlock {
+        lock_id: i64,
+        mode: LockMode,
+        reply: Option<oneshot::Sender<Result<bool, SessionError>>>,
+    },
+    Mint {
+        lock_id: i64,
+        reply: oneshot::Sender<Result<Option<i64>, SessionError>>,
+    },
+}
+
+/// State shared by a session's handles and its task.
+#[derive(Default)]
+struct Shared {
+    /// Commands sent and not yet finished; the least busy session gets the next try.
+    queued: AtomicUsize,
+    /// Locks granted and not yet unlocked.
+    held: AtomicUsize,
+    /// False once the session retired or closed: it is handed out no more.
+    unavailable: AtomicBool,
+}
+
+/// A handle on a lock session.
+pub(crate) struct LockSession {
+    pub(crate) id: u64,
+    pub(crate) pid: i32,
+    commands: mpsc::UnboundedSender<Command>,
+    shared: Arc<Shared>,
+}
+
+impl LockSession {
+    /// Starts the task owning `conn` (set up and clean) and returns its handle.
+    pub(crate) fn start(
+        id: u64,
+        conn: PgSession,
+        context: Arc<SessionContext>,
+        events: Weak<dyn SessionEvents>,
+    ) -> Arc<LockSession> {
+        let (commands, inbox) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared::default());
+        let pid = conn.pid;
+        Arc::new_cyclic(|me: &Weak<LockSession>| {
+            let task = Task {
+                id,
+                conn,
+                watchdog: Watchdog::new(),
+                last_active: Instant::now(),
+                inbox,
+                me: me.clone(),
+                shared: Arc::clone(&shared),
+                context,
+                events,
+            };
+            drop(tokio::spawn(task.run()));
+            LockSession {
+                id,
+                pid,
+                commands,
+                shared,
+            }
+        })
+    }
+
+    pub(crate) fn is_available(&self) -> bool {
+        !self.shared.unavailable.load(Ordering::SeqCst)
+    }
+
+    /// Commands waiting or running on this session.
+    pub(crate) fn queued(&self) -> usize {
+        self.shared.queued.load(Ordering::SeqCst)
+    }
+
+    fn send(&self, command: Command) -> Result<(), SessionError> {
+        self.shared.queued.fetch_add(1, Ordering::SeqCst);
+        self.commands.send(command).map_err(|_| {
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            SessionError::Closed(None)
+        })
+    }
+
+    /// One try for the lock. With a deadline, stops waiting for the answer when it passes; a
+    /// grant that arrives later is undone by the session's task.
+    ///
+    /// Cancel safe: the try runs to completion on the session's task, which unlocks a grant
+    /// nobody is left to receive.
+    pub(crate) async fn try_lock(
+        &self,
+        lock_id: i64,
+        mode: LockMode,
+        deadline: Option<Instant>,
+    ) -> TryAnswer {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Try {
+            lock_id,
+            mode,
+            reply,
+        })?;
+        let answer = match deadline {
+            Some(deadline) => timeout_at(deadline, answer)
+                .await
+                .map_err(|_| SessionError::Deadline)?,
+            None => answer.await,
+        };
+        answer.unwrap_or(Err(SessionError::Closed(None)))
+    }
+}
+
+/// A lock granted on a lock session. Dropping it unlocks in the background.
+pub(crate) struct Lease {
+    session: Arc<LockSession>,
+    lock_id: i64,
+    mode: LockMode,
+    armed: bool,
+}
+
+impl Lease {
+    pub(crate) fn pid(&self) -> i32 {
+        self.session.pid
+    }
+
+    /// Unlocks and reports what the server said: `Ok(false)` when the session no longer held
+    /// the lock.
+    ///
+    /// Cancel safe: the unlock runs to completion on the session's task either way.
+    pub(crate) async fn unlock(mut self) -> Result<bool, SessionError> {
+        self.armed = false;
+        let (reply, answer) = oneshot::channel();
+        self.session.send(Command::Unlock {
+            lock_id: self.lock_id,
+            mode: self.mode,
+            reply: Some(reply),
+        })?;
+        answer.await.unwrap_or(Err(SessionError::Closed(None)))
+    }
+
+    /// Mints the next fencing token of the lock, on the session that holds it.
+    ///
+    /// Cancel safe: the token is minted or not; either way the lock stays held.
+    pub(crate) async fn mint(&self) -> Result<Option<i64>, SessionError> {
+        let (reply, answer) = oneshot::channel();
+        self.session.send(Command::Mint {
+            lock_id: self.lock_id,
+            reply,
+        })?;
+        answer.await.unwrap_or(Err(SessionError::Closed(None)))
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.armed {
+            // Queued behind whatever the session runs now; nothing to wait for. If the session
+            // has closed, the lock went with it.
+            let _ = self.session.send(Command::Unlock {
+                lock_id: self.lock_id,
+                mode: self.mode,
+                reply: None,
+            });
+        }
+    }
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("session", &self.session.id)
+            .field("pid", &self.session.pid)
+            .field("lock_id", &self.lock_id)
+            .field("mode", &self.mode)
+            .finish()
+    }
+}
+
+/// The task that owns a lock session's connection.
+struct Task {
+    id: u64,
+    conn: PgSession,
+    watchdog: Watchdog,
+    /// When the last command finished.
+    last_active: Instant,
+    inbox: mpsc::UnboundedReceiver<Command>,
+    me: Weak<LockSession>,
+    shared: Arc<Shared>,
+    context: Arc<SessionContext>,
+    events: Weak<dyn SessionEvents>,
+}
+
+/// The connection can no longer be used; the task ends and closes it.
+struct Broken;
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        // However the task ends (its last handle gone, or its runtime shutting down), a
+        // connection that may still hold a lock is closed, never pooled.
+        if self.shared.held.load(Ordering::SeqCst) != 0 {
+            self.conn.mark_dirty();
+        }
+    }
+}
+
+impl Task {
+    async fn run(mut self) {
+        while let Some(command) = self.next().await {
+            let outcome = self.execute(command).await;
+            self.last_active = Instant::now();
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            if outcome.is_err() {
+                return self.close();
+            }
+        }
+        // Every handle is gone, so every lease was unlocked: the connection goes back to the
+        // pool as the task ends (see `Drop`).
+    }
+
+    /// The next command; retires the session once it has held nothing for the idle timeout.
+    async fn next(&mut self) -> Option<Command> {
+        loop {
+            if self.shared.held.load(Ordering::SeqCst) > 0
+                || self.shared.unavailable.load(Ordering::SeqCst)
+            {
+                return self.inbox.recv().await;
+            }
+            let idle_until = self.last_active + self.context.idle_timeout;
+            tokio::select! {
+                command = self.inbox.recv() => return command,
+                () = self.watchdog.until(idle_until) => {
+                    if self.shared.held.load(Ordering::SeqCst) == 0 && self.inbox.is_empty() {
+                        // Handles taken before this still work; the task ends with the last.
+                        self.shared.unavailable.store(true, Ordering::SeqCst);
+                        if let Some(events) = self.events.upgrade() {
+                            events.retired(self.id);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn close(mut self) {
+        self.shared.unavailable.store(true, Ordering::SeqCst);
+        self.conn.mark_dirty();
+        // Commands still queued are answered "closed" as their senders see the channel drop.
+        self.inbox.close();
+        if let Some(events) = self.events.upgrade() {
+            events.closed(self.id);
+        }
+    }
+
+    async fn execute(&mut self, command: Command) -> Result<(), Broken> {
+        match command {
+            Command::Try {
+                lock_id,
+                mode,
+                reply,
+            } => self.try_lock(lock_id, mode, reply).await,
+            Command::Unlock {
+                lock_id,
+                mode,
+                reply,
+            } => {
+                let result = self.unlock(lock_id, mode).await;
+                let broken = matches!(
+                    result,
+                    Err(SessionError::Closed(_) | SessionError::Unanswered(_))
+                );
+                if let Some(reply) = reply {
+                    let _ = reply.send(result);
+                }
+                if broken { Err(Broken) } else { Ok(()) }
+            }
+            Command::Mint { lock_id, reply } => {
+                let result = self.mint(lock_id).await;
+                let broken = matches!(
+                    result,
+                    Err(SessionError::Closed(_) | SessionError::Unanswered(_))
+                );
+                let _ = reply.send(result);
+                if broken { Err(Broken) } else { Ok(()) }
+            }
+        }
+    }
+
+    async fn try_lock(
+        &mut self,
+        lock_id: i64,
+        mode: LockMode,
+        reply: oneshot::Sender<TryAnswer>,
+    ) -> Result<(), Broken> {
+        let statement = self.context.statements.try_lock(mode);
+        let query =
+            sqlx::query_as::<_, (bool, Option<i64>)>(AssertSqlSafe(statement)).bind(lock_id);
+        let answer = bounded(
+            &mut self.watchdog,
+            self.context.statement_timeout,
+            query.fetch_one(self.conn.conn()),
+        )
+        .await;
+        let (granted, token) = match self.settle(answer) {
+            Ok(row) => row,
+            Err(SessionError::Database(err)) => {
+                // A fenced try can fail after its lock was granted (the mint failed), and a
+                // session lock survives the failed statement: make sure it is not held.
+                self.reconcile(lock_id, mode).await?;
+                let _ = reply.send(Err(SessionError::Database(err)));
+                return Ok(());
+            }
+            Err(err) => {
+                let _ = reply.send(Err(err));
+                return Err(Broken);
+            }
+        };
+        if !granted {
+            let _ = reply.send(Ok(None));
+            return Ok(());
+        }
+        self.shared.held.fetch_add(1, Ordering::SeqCst);
+        let Some(session) = self.me.upgrade() else {
+            // No handle left, so no caller is waiting.
+            return self.undo(lock_id, mode).await;
+        };
+        let lease = Lease {
+            session,
+            lock_id,
+            mode,
+            armed: true,
+        };
+        match reply.send(Ok(Some((lease, token)))) {
+            Ok(()) => Ok(()),
+            Err(unsent) => {
+                // The caller has gone: take the lock back before anything else runs here.
+                if let Ok(Some((mut lease, _))) = unsent {
+                    lease.armed = false;
+                }
+                self.undo(lock_id, mode).await
+            }
+        }
+    }
+
+    async fn undo(&mut self, lock_id: i64, mode: LockMode) -> Result<(), Broken> {
+        match self.unlock(lock_id, mode).await {
+            Ok(_) | Err(SessionError::Database(_)) => Ok(()),
+            Err(_) => Err(Broken),
+        }
+    }
+
+    async fn unlock(&mut self, lock_id: i64, mode: LockMode) -> Result<bool, SessionError> {
+        let query = sqlx::query_scalar::<_, bool>(Statements::unlock(mode)).bind(lock_id);
+        let answer = bounded(
+            &mut self.watchdog,
+            self.context.statement_timeout,
+            query.fetch_one(self.conn.conn()),
+        )
+        .await;
+        // Whatever the server says, this session no longer holds the lock for us: either it
+        // unlocked, or it did not hold it, or the session is about to close.
+        self.shared.held.fetch_sub(1, Ordering::SeqCst);
+        self.settle(answer)
+    }
+
+    async fn mint(&mut self, lock_id: i64) -> Result<Option<i64>, SessionError> {
+        let Some(statement) = self.context.statements.mint() else {
+            return Ok(None);
+        };
+        let query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(statement)).bind(lock_id);
+        let answer = bounded(
+            &mut self.watchdog,
+            self.context.statement_timeout,
+            query.fetch_one(self.conn.conn()),
+        )
+        .await;
+        self.settle(answer).map(Some)
+    }
+
+    /// Releases `lock_id` in `mode` if, and only if, this session holds it.
+    async fn reconcile(&mut self, lock_id: i64, mode: LockMode) -> Result<(), Broken> {
+        let (classid, objid) = crate::split_lock_id(lock_id);
+        let function = match mode {
+            LockMode::Exclusive => "pg_advisory_unlock",
+            LockMode::Shared => "pg_advisory_unlock_shared",
+        };
+        let lock_mode = match mode {
+            LockMode::Exclusive => "ExclusiveLock",
+            LockMode::Shared => "ShareLock",
+        };
+        let sql = format!(
+            "SELECT {function}($1) FROM pg_locks WHERE locktype = 'advisory' \
+             AND pid = pg_backend_pid() AND classid = {classid} AND objid = {objid} \
+             AND objsubid = 1 AND mode = '{lock_mode}' AND granted"
+        );
+        let query = sqlx::query(AssertSqlSafe(sql)).bind(lock_id);
+        let answer = bounded(
+            &mut self.watchdog,
+            self.context.statement_timeout,
+            query.fetch_all(self.conn.conn()),
+        )
+        .await;
+        self.settle(answer).map(|_| ()).map_err(|_| Broken)
+    }
+
+    /// Turns a statement's answer into a result, keeping the session only when the statement
+    /// completed or the server refused it.
+    fn settle<T>(&mut self, answer: Option<Result<T, sqlx::Error>>) -> Result<T, SessionError> {
+        match answer {
+            Some(Ok(value)) => {
+                self.conn.mark_clean();
+                Ok(value)
+            }
+            Some(Err(err)) if !breaks_connection(&err) => {
+                self.conn.mark_clean();
+                Err(SessionError::Database(err))
+            }
+            // The session is done for: stop handing it out before anyone hears of it, so a
+            // caller that retries is given another.
+            Some(Err(err)) => {
+                self.shared.unavailable.store(true, Ordering::SeqCst);
+                Err(SessionError::Closed(Some(err)))
+            }
+            None => {
+                self.shared.unavailable.store(true, Ordering::SeqCst);
+                Err(SessionError::Unanswered(self.context.statement_timeout))
+            }
+        }
+    }
+}
+
+/// Runs `statement`, or gives up on it (`None`) once it has gone unanswered for `limit`.
+async fn bounded<T>(
+    watchdog: &mut Watchdog,
+    limit: Duration,
+    statement: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    let due = Instant::now() + limit;
+    tokio::select! {
+        biased;
+        answer = statement => Some(answer),
+        () = watchdog.until(due) => None,
+    }
+}
+
+/// One timer for a task's time limits (a statement's answer, an idle session's retirement).
+/// It is re-armed only when it fires early or must fire sooner, not for every statement:
+/// arming a timer per statement costs more than the statement's own client-side work.
+struct Watchdog {
+    sleep: Pin<Box<Sleep>>,
+}
+
+impl Watchdog {
+    fn new() -> Self {
+        Watchdog {
+            sleep: Box::pin(tokio::time::sleep(Duration::from_secs(3600))),
+        }
+    }
+
+    /// Completes once `due` has passed.
+    async fn until(&mut self, due: Instant) {
+        if self.sleep.deadline() > due {
+            self.sleep.as_mut().reset(due);
+        }
+        loop {
+            self.sleep.as_mut().await;
+            if Instant::now() >= due {
+                return;
+            }
+            self.sleep.as_mut().reset(due);
+        }
+    }
+}

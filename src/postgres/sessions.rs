@@ -1,0 +1,219 @@
+//! The lock sessions of one manager: at most a few, opened on demand, handed out least busy
+//! first, retired when they have held nothing for a while.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::{Notify, OnceCell};
+use tokio::time::{Instant, timeout, timeout_at};
+
+use super::errors::Failure;
+use super::lock_session::{LockSession, SessionContext, SessionEvents};
+use super::monitor::Monitor;
+use super::wait_session::{IdleSessions, PgSession};
+use crate::Result;
+
+pub(crate) struct SessionsConfig {
+    /// At most this many lock sessions at once.
+    pub(crate) max: usize,
+    /// How long opening a session (pool checkout and set-up) may take.
+    pub(crate) open_timeout: Duration,
+    /// Whether sessions on a standby are accepted.
+    pub(crate) allow_standby: bool,
+}
+
+pub(crate) struct LockSessions {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: PgPool,
+    config: SessionsConfig,
+    context: Arc<SessionContext>,
+    fencing_ready: Arc<OnceCell<()>>,
+    monitor: Arc<Monitor>,
+    /// Where a retired session's connection goes: straight back to the pool.
+    returns: Arc<IdleSessions>,
+    state: Mutex<State>,
+    /// Notified whenever a session opens, fails to open, retires or closes.
+    changed: Notify,
+    next_id: AtomicU64,
+}
+
+#[derive(Default)]
+struct State {
+    live: Vec<Arc<LockSession>>,
+    opening: usize,
+    /// How many openings have started; each is numbered by this count.
+    attempts: u64,
+    /// The latest failed opening, by number.
+    failure: Option<(u64, Failure)>,
+}
+
+impl LockSessions {
+    pub(crate) fn new(
+        pool: PgPool,
+        config: SessionsConfig,
+        context: Arc<SessionContext>,
+        fencing_ready: Arc<OnceCell<()>>,
+        monitor: Arc<Monitor>,
+    ) -> Self {
+        LockSessions {
+            inner: Arc::new(Inner {
+                pool,
+                config,
+                context,
+                fencing_ready,
+                monitor,
+                returns: IdleSessions::new(0, Duration::ZERO),
+                state: Mutex::new(State::default()),
+                changed: Notify::new(),
+                next_id: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// How many lock sessions are open.
+    pub(crate) fn open_count(&self) -> usize {
+        self.inner.state().live.len()
+    }
+
+    /// A lock session to run a try on: the least busy open one, without waiting. Opens one if
+    /// none is open (waiting until `deadline` for it), and another in the background when all
+    /// are busy and the cap allows.
+    ///
+    /// Cancel safe: openings run on tasks of their own and complete either way.
+    pub(crate) async fn get(&self, key: &str, deadline: Instant) -> Result<Arc<LockSession>> {
+        let started = Instant::now();
+        // Only openings started after this call count: an older one may have failed for a
+        // reason that no longer holds.
+        let mut attempts_before = None;
+        loop {
+            let changed = self.inner.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            {
+                let mut state = self.inner.state();
+                state.live.retain(|session| session.is_available());
+                let seen = *attempts_before.get_or_insert(state.attempts);
+                if let Some(best) = state.least_busy() {
+                    if best.queued() > 0 && state.live.len() + state.opening < self.inner.config.max
+                    {
+                        self.inner.open_in_background(&mut state);
+                    }
+                    return Ok(best);
+                }
+                if let Some((_, failure)) = state.failure.as_ref().filter(|(n, _)| *n > seen) {
+                    return Err(failure.clone().into_error(key));
+                }
+                if state.opening == 0 {
+                    self.inner.open_in_background(&mut state);
+                }
+            }
+            if timeout_at(deadline, changed).await.is_err() {
+                let failure = Failure::from_checkout(
+                    &self.inner.pool,
+                    sqlx::Error::PoolTimedOut,
+                    started.elapsed(),
+                )
+                .await;
+                return Err(failure.into_error(key));
+            }
+        }
+    }
+}
+
+impl State {
+    fn least_busy(&self) -> Option<Arc<LockSession>> {
+        // Ties go to the oldest session, so a quiet manager keeps to one.
+        self.live.iter().min_by_key(|s| s.queued()).cloned()
+    }
+}
+
+impl Inner {
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Critical sections only move values around; a panic cannot leave the state torn.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn open_in_background(self: &Arc<Self>, state: &mut State) {
+        state.opening += 1;
+        state.attempts += 1;
+        drop(tokio::spawn(Arc::clone(self).open(state.attempts)));
+    }
+
+    async fn open(self: Arc<Self>, attempt: u64) {
+        let started = Instant::now();
+        let opened = match timeout(self.config.open_timeout, self.connect()).await {
+            Ok(opened) => opened,
+            Err(_) => Err(Failure::from_checkout(
+                &self.pool,
+                sqlx::Error::PoolTimedOut,
+                started.elapsed(),
+            )
+            .await),
+        };
+        {
+            let mut state = self.state();
+            state.opening -= 1;
+            match opened {
+                Ok(session) => state.live.push(session),
+                Err(failure) => {
+                    tracing::debug!(?failure, "could not open a lock session");
+                    state.failure = Some((attempt, failure));
+                }
+            }
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// Checks a connection out, sets it up and starts its task.
+    async fn connect(self: &Arc<Self>) -> std::result::Result<Arc<LockSession>, Failure> {
+        let started = Instant::now();
+        let conn = match self.pool.acquire().await {
+            Ok(conn) => conn,
+            Err(err) => {
+                return Err(Failure::from_checkout(&self.pool, err, started.elapsed()).await);
+            }
+        };
+        let mut session = PgSession::new(conn, Arc::clone(&self.returns));
+        let statements = &self.context.statements;
+        let standby = session
+            .set_up(statements.tag.as_deref())
+            .await
+            .map_err(|err| Failure::from_sqlx(&err))?;
+        if standby && !self.config.allow_standby {
+            return Err(Failure::Standby);
+        }
+        if let Some(table) = &statements.fencing {
+            self.fencing_ready
+                .get_or_try_init(|| session.create_fencing_table(table))
+                .await
+                .map_err(|err| Failure::from_sqlx(&err))?;
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let me: Weak<Inner> = Arc::downgrade(self);
+        Ok(LockSession::start(
+            id,
+            session,
+            Arc::clone(&self.context),
+            me,
+        ))
+    }
+}
+
+impl SessionEvents for Inner {
+    fn retired(&self, id: u64) {
+        self.state().live.retain(|session| session.id != id);
+        self.changed.notify_waiters();
+    }
+
+    fn closed(&self, id: u64) {
+        self.state().live.retain(|session| session.id != id);
+        self.changed.notify_waiters();
+        // Its locks went with it: find out now rather than at the next probe.
+        self.monitor.wake();
+    }
+}

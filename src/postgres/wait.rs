@@ -1,0 +1,178 @@
+//! Waiting for a contended lock: on a session of its own, in the server's FIFO queue, with the
+//! deadline enforced by the server.
+//!
+//! A process uses at most one such session per key at a time: the manager's other tasks that
+//! want the key queue in-process behind it (see `core/turn.rs`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::{AssertSqlSafe, Row};
+use tokio::time::{Instant, timeout_at};
+
+use super::backend::PgBackend;
+use super::errors::{Failure, LOCK_NOT_AVAILABLE, connection_error, has_sqlstate, statement_error};
+use super::statements::MAX_LOCK_TIMEOUT_MS;
+use super::wait_session::PgSession;
+use crate::core::Request;
+use crate::{Error, Result};
+
+impl PgBackend {
+    /// Waits for the lock on a session of its own and returns that session, now holding it.
+    /// A connection that turns out to have died while pooled is replaced while the deadline
+    /// allows.
+    pub(crate) async fn wait(&self, req: &Request<'_>) -> Result<(PgSession, Option<i64>)> {
+        let mut retries = 2;
+        loop {
+            let mut session = self.checkout(req).await?;
+            match self.wait_on(&mut session, req).await {
+                Ok(token) => return Ok((session, token)),
+                Err(Error::Connection { .. })
+                    if retries > 0 && req.deadline.is_none_or(|d| Instant::now() < d) =>
+                {
+                    retries -= 1;
+                    tracing::debug!(key = req.key, "retrying the wait on another connection");
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
+    /// A clean kept session, or a pool checkout within the request's deadline (the pool's own
+    /// `acquire_timeout` without one).
+    async fn checkout(&self, req: &Request<'_>) -> Result<PgSession> {
+        if let Some(session) = self.idle.take() {
+            return Ok(session);
+        }
+        let started = Instant::now();
+        // sqlx's checkout future is several kilobytes: boxed, it does not bloat every future
+        // that awaits a lock.
+        let checkout = Box::pin(self.pool.acquire());
+        let checked_out = match req.deadline {
+            Some(deadline) => timeout_at(deadline, checkout)
+                .await
+                .unwrap_or(Err(sqlx::Error::PoolTimedOut)),
+            None => checkout.await,
+        };
+        match checked_out {
+            Ok(conn) => Ok(PgSession::new(conn, Arc::clone(&self.idle))),
+            Err(err) => Err(Failure::from_checkout(&self.pool, err, started.elapsed())
+                .await
+                .into_error(req.key)),
+        }
+    }
+
+    async fn wait_on(&self, session: &mut PgSession, req: &Request<'_>) -> Result<Option<i64>> {
+        if !session.is_set_up() {
+            let standby = session
+                .set_up(self.statements.tag.as_deref())
+                .await
+                .map_err(|err| statement_error(req.key, req.timeout, err))?;
+            if standby && !self.allow_standby {
+                return Err(Failure::Standby.into_error(req.key));
+            }
+        }
+        loop {
+            let remaining = match req.deadline {
+                None => None,
+                Some(deadline) => {
+                    // Round up, so the server never gives up before the deadline.
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    match left.as_nanos().div_ceil(1_000_000) {
+                        0 => return Err(req.timed_out()),
+                        ms => Some(ms),
+                    }
+                }
+            };
+            // PostgreSQL takes at most about 24 days; a longer deadline waits in steps.
+            let step = remaining.map(|ms| ms.min(MAX_LOCK_TIMEOUT_MS));
+            match self.wait_step(session, req, step).await {
+                Err(WaitEnd::TimedOut) if step < remaining => continue,
+                Err(WaitEnd::TimedOut | WaitEnd::Unanswered) => return Err(req.timed_out()),
+                Err(WaitEnd::Failed(err)) => return Err(err),
+                Ok(token) => return Ok(token),
+            }
+        }
+    }
+
+    /// One wait message, bounded by the server's `lock_timeout` of `timeout_ms`.
+    async fn wait_step(
+        &self,
+        session: &mut PgSession,
+        req: &Request<'_>,
+        timeout_ms: Option<u128>,
+    ) -> std::result::Result<Option<i64>, WaitEnd> {
+        let sql = self
+            .statements
+            .wait(req.lock_id, req.mode, timeout_ms, session.server_version());
+        let waiting = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(session.conn());
+        let answer = match timeout_ms {
+            Some(ms) => {
+                let server_deadline =
+                    Instant::now() + Duration::from_millis(ms as u64) + self.answer_grace;
+                match timeout_at(server_deadline, waiting).await {
+                    Ok(answer) => answer,
+                    // The server did not answer: the session (left dirty) is closed.
+                    Err(_) => return Err(WaitEnd::Unanswered),
+                }
+            }
+            None => waiting.await,
+        };
+        let fenced = self.statements.fencing.is_some();
+        let parsed = answer.and_then(|rows| {
+            let pid = rows
+                .first()
+                .map(|row| row.try_get::<i32, _>(0))
+                .transpose()?;
+            let token = match (fenced, rows.get(1)) {
+                (true, Some(row)) => Some(row.try_get::<i64, _>(0)?),
+                _ => None,
+            };
+            Ok((pid, token))
+        });
+        match parsed {
+            Ok((Some(pid), token)) if token.is_some() || !fenced => {
+                session.pid = pid;
+                Ok(token)
+            }
+            Ok(_) => Err(WaitEnd::Failed(connection_error(
+                req.key,
+                sqlx::Error::Protocol("the lock statement returned no row".into()),
+            ))),
+            Err(err) if has_sqlstate(&err, LOCK_NOT_AVAILABLE) && timeout_ms.is_some() => {
+                // Our lock_timeout fired while waiting: nothing was granted.
+                session.mark_clean();
+                Err(WaitEnd::TimedOut)
+            }
+            Err(err) => Err(WaitEnd::Failed(statement_error(req.key, req.timeout, err))),
+        }
+    }
+
+    /// Mints a token for a lock a wait session holds (after a handoff).
+    pub(crate) async fn mint_on(
+        &self,
+        req: &Request<'_>,
+        session: &mut PgSession,
+    ) -> Result<Option<i64>> {
+        let Some(mint) = self.statements.mint() else {
+            return Ok(None);
+        };
+        let token = sqlx::query_scalar::<_, i64>(AssertSqlSafe(mint))
+            .bind(req.lock_id)
+            .fetch_one(session.conn())
+            .await
+            .map_err(|err| statement_error(req.key, req.timeout, err))?;
+        // The session still holds the lock: it stays dirty until unlocked.
+        Ok(Some(token))
+    }
+}
+
+/// How one wait message ended without a grant.
+enum WaitEnd {
+    /// The server's `lock_timeout` ran out; the session is clean.
+    TimedOut,
+    /// The server did not answer within its `lock_timeout` plus a grace; the session is left
+    /// mid-statement and is closed as it drops.
+    Unanswered,
+    Failed(Error),
+}

@@ -1,0 +1,111 @@
+//! Errors say what happened: a full server, a closed pool and a standby are each reported as
+//! such, typed, within the manager's bounds.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{app_name, key};
+use pglock::testing::TempPostgres;
+use pglock::{Error, LockManager, PostgresLockManager};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgConnection};
+use tokio::time::Instant;
+
+/// A private server that accepts at most `max` connections, superusers included.
+async fn small_server(max: u32) -> TempPostgres {
+    let server = TempPostgres::start().unwrap_or_else(|err| {
+        panic!(
+            "this test reconfigures its server, so it needs a private one started from the \
+             PostgreSQL server binaries (install them, or point PGLOCK_PG_BIN at them): {err}"
+        )
+    });
+    let mut admin = connect(&server).await;
+    for setting in [
+        format!("max_connections = {max}"),
+        "superuser_reserved_connections = 0".to_owned(),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(format!("ALTER SYSTEM SET {setting}")))
+            .execute(&mut admin)
+            .await
+            .expect("configure");
+    }
+    drop(admin);
+    server.stop().expect("stop");
+    server.start_again().expect("restart");
+    server
+}
+
+async fn connect(server: &TempPostgres) -> PgConnection {
+    options(server).connect().await.expect("connect")
+}
+
+fn options(server: &TempPostgres) -> PgConnectOptions {
+    server.url().parse().expect("url")
+}
+
+#[tokio::test]
+async fn a_full_server_is_reported_as_too_many_connections() {
+    let server = small_server(3).await;
+    let mut taken = Vec::new();
+    for _ in 0..3 {
+        taken.push(connect(&server).await);
+    }
+    let pool = PgPoolOptions::new()
+        .acquire_timeout(Duration::from_secs(60))
+        .connect_lazy_with(options(&server).application_name(&app_name("full")));
+    let locks = PostgresLockManager::builder(pool)
+        .session_timeout(Duration::from_millis(500))
+        .build();
+    let key = key("full");
+    let started = Instant::now();
+    let err = locks
+        .try_acquire(&key)
+        .await
+        .expect_err("the server is full");
+    match &err {
+        Error::TooManyConnections { key: k, reason } => {
+            assert_eq!(k, &key);
+            assert!(reason.contains("too many clients"), "{reason}");
+        }
+        other => panic!("expected TooManyConnections, got {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "bounded by the session timeout, not the pool's 60 s: {:?}",
+        started.elapsed()
+    );
+    assert!(
+        err.to_string().contains("refused a new connection"),
+        "{err}"
+    );
+    // Once a connection is free, the same manager works.
+    drop(taken.pop());
+    let guard = locks
+        .acquire(&key, Some(Duration::from_secs(10)))
+        .await
+        .expect("acquire once the server has room");
+    assert!(guard.release().await.expect("release"));
+}
+
+#[tokio::test]
+async fn a_closed_pool_is_reported_as_closed() {
+    let pool = common::pool_named(2, &app_name("closed")).await;
+    let locks = PostgresLockManager::new(pool.clone());
+    pool.close().await;
+    let key = key("closed");
+    for err in [
+        locks.try_acquire(&key).await.map(drop).expect_err("closed"),
+        locks
+            .acquire(&key, None)
+            .await
+            .map(drop)
+            .expect_err("closed"),
+    ] {
+        assert!(
+            matches!(&err, Error::PoolClosed { key: k } if k == &key),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("pool is closed"), "{err}");
+    }
+}

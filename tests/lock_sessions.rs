@@ -1,0 +1,401 @@
+//! Many locks per session: what a manager's lock sessions promise.
+//!
+//! * thousands of held keys cost a handful of connections, on a stock server and sqlx's
+//!   default pool;
+//! * a statement on a shared session is never abandoned half-way by a cancelled caller: a try
+//!   or a release dropped while its statement is in flight completes on the session's task,
+//!   and the other locks on the session are never touched;
+//! * when a lock session closes, exactly its locks are declared lost.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::proxy::Proxy;
+use common::{app_name, eventually, key, lock_rows, observer, pool_named};
+use pglock::testing::TempPostgres;
+use pglock::{FencingTable, LockGuard, LockManager, PostgresLockManager, lock_id};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+const BOUND: Duration = Duration::from_secs(10);
+
+/// The advisory locks held by sessions tagged for holder `app`, as (pid, lock id).
+async fn locks_by_pid(observer: &PgPool, app: &str) -> Vec<(i32, i64)> {
+    sqlx::query_as(
+        "SELECT l.pid, ((l.classid::int8 << 32) | l.objid::int8) FROM pg_locks l \
+         JOIN pg_stat_activity a USING (pid) WHERE l.locktype = 'advisory' AND l.granted \
+         AND a.application_name = left('pglock:' || $1, 63)",
+    )
+    .bind(app)
+    .fetch_all(observer)
+    .await
+    .expect("query pg_locks")
+}
+
+/// How many server sessions carry holder `app`'s tag.
+async fn tagged_sessions(observer: &PgPool, app: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = left('pglock:' || $1, 63)",
+    )
+    .bind(app)
+    .fetch_one(observer)
+    .await
+    .expect("query pg_stat_activity")
+}
+
+/// A private server with the stock `max_connections` of 100 (the test servers allow more), so
+/// its shared lock table has its stock size too.
+async fn stock_server() -> TempPostgres {
+    let server = TempPostgres::start().unwrap_or_else(|err| {
+        panic!(
+            "this test needs a private server with stock settings, started from the PostgreSQL \
+             server binaries (install them, or point PGLOCK_PG_BIN at them): {err}"
+        )
+    });
+    let admin = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&server.url())
+        .await
+        .expect("connect");
+    sqlx::query("ALTER SYSTEM SET max_connections = 100")
+        .execute(&admin)
+        .await
+        .expect("configure");
+    admin.close().await;
+    server.stop().expect("stop");
+    server.start_again().expect("restart");
+    server
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_keys_are_held_at_once_on_the_default_pool_of_a_stock_server() {
+    const KEYS: usize = 10_000;
+    const TASKS: usize = 16;
+    let server = stock_server().await;
+    let observer = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&server.url())
+        .await
+        .expect("connect");
+    let max_connections: String = sqlx::query_scalar("SHOW max_connections")
+        .fetch_one(&observer)
+        .await
+        .expect("show");
+    assert_eq!(max_connections, "100");
+    let app = app_name("ten-thousand");
+    let options: PgConnectOptions = server.url().parse().expect("url");
+    // sqlx's defaults: at most 10 connections.
+    let pool = PgPoolOptions::new()
+        .connect_with(options.application_name(&app))
+        .await
+        .expect("connect");
+    let locks = PostgresLockManager::builder(pool.clone())
+        .holder_id(&app)
+        .build();
+
+    let mut tasks = Vec::new();
+    for task in 0..TASKS {
+        let locks = locks.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut guards = Vec::new();
+            for i in (task..KEYS).step_by(TASKS) {
+                let guard = locks
+                    .acquire(&format!("ten-thousand:{i}"), Some(BOUND))
+                    .await
+                    .expect("acquire");
+                guards.push(guard);
+            }
+            guards
+        }));
+    }
+    let mut guards: Vec<LockGuard> = Vec::new();
+    for task in tasks {
+        guards.extend(task.await.expect("join"));
+    }
+
+    assert_eq!(guards.len(), KEYS);
+    assert_eq!(locks.held_lock_count(), KEYS);
+    let held = locks_by_pid(&observer, &app).await;
+    assert_eq!(held.len(), KEYS, "every key is held on the server");
+    let pids: HashSet<i32> = held.iter().map(|(pid, _)| *pid).collect();
+    assert!(pids.len() <= 2, "on at most two lock sessions: {pids:?}");
+    assert!(tagged_sessions(&observer, &app).await <= 2);
+    assert!(
+        pool.size() <= 2,
+        "the pool opened {} connections",
+        pool.size()
+    );
+
+    let mut releases = Vec::new();
+    for chunk in chunked(guards, TASKS) {
+        releases.push(tokio::spawn(async move {
+            for guard in chunk {
+                assert!(guard.release().await.expect("release"));
+            }
+        }));
+    }
+    for release in releases {
+        release.await.expect("join");
+    }
+    assert_eq!(locks.held_lock_count(), 0);
+    assert!(locks_by_pid(&observer, &app).await.is_empty());
+}
+
+fn chunked<T>(items: Vec<T>, parts: usize) -> Vec<Vec<T>> {
+    let mut chunks: Vec<Vec<T>> = (0..parts).map(|_| Vec::new()).collect();
+    for (i, item) in items.into_iter().enumerate() {
+        chunks[i % parts].push(item);
+    }
+    chunks
+}
+
+/// Acquires keys from many tasks at once until the manager's locks sit on two lock sessions.
+async fn locks_on_two_sessions(
+    locks: &PostgresLockManager,
+    observer: &PgPool,
+    app: &str,
+) -> HashMap<String, LockGuard> {
+    let mut guards = HashMap::new();
+    for round in 0..50 {
+        let mut tasks = Vec::new();
+        for i in 0..16 {
+            let (locks, key) = (locks.clone(), key(&format!("two-sessions-{round}-{i}")));
+            tasks.push(tokio::spawn(async move {
+                let guard = locks.acquire(&key, Some(BOUND)).await.expect("acquire");
+                (key, guard)
+            }));
+        }
+        for task in tasks {
+            let (key, guard) = task.await.expect("join");
+            guards.insert(key, guard);
+        }
+        let pids: HashSet<i32> = locks_by_pid(observer, app)
+            .await
+            .iter()
+            .map(|(pid, _)| *pid)
+            .collect();
+        assert!(pids.len() <= 2, "never more than the cap: {pids:?}");
+        if pids.len() == 2 {
+            return guards;
+        }
+    }
+    panic!("the manager never used its second lock session");
+}
+
+#[tokio::test]
+async fn a_closed_lock_session_loses_exactly_its_locks() {
+    let observer = observer().await;
+    let app = app_name("per-session-loss");
+    let locks = common::manager_for(pool_named(6, &app).await, &app)
+        .lock_sessions(2)
+        .probe_interval(Duration::from_millis(100))
+        .probe_grace(Duration::from_millis(300))
+        .build();
+    let mut guards = locks_on_two_sessions(&locks, &observer, &app).await;
+    let by_id: HashMap<i64, String> = guards.keys().map(|k| (lock_id(k), k.clone())).collect();
+    let placed = locks_by_pid(&observer, &app).await;
+    let victim = placed[0].0;
+    let doomed: HashSet<String> = placed
+        .iter()
+        .filter(|(pid, _)| *pid == victim)
+        .map(|(_, id)| by_id[id].clone())
+        .collect();
+    assert!(!doomed.is_empty() && doomed.len() < guards.len());
+
+    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(victim)
+        .fetch_one(&observer)
+        .await
+        .expect("terminate");
+    assert!(terminated);
+    for key in &doomed {
+        let cause = tokio::time::timeout(BOUND, guards[key].lost())
+            .await
+            .unwrap_or_else(|_| panic!("the loss of {key} was never reported"));
+        assert_eq!(cause, pglock::LossCause::NotOnServer);
+    }
+    // The probe that found them gone confirmed the others at the same moment; they are still
+    // held, by the other session, and release cleanly.
+    assert_eq!(locks.held_lock_count(), guards.len() - doomed.len());
+    let survivors = locks_by_pid(&observer, &app).await;
+    assert_eq!(survivors.len(), guards.len() - doomed.len());
+    assert!(survivors.iter().all(|(pid, _)| *pid != victim));
+    for (key, guard) in guards.drain() {
+        let released = guard.release().await;
+        if doomed.contains(&key) {
+            assert!(
+                matches!(released, Err(pglock::Error::LockLost { .. })),
+                "{released:?}"
+            );
+        } else {
+            assert!(released.expect("release"), "{key}");
+        }
+    }
+    // The manager replaces the closed session as it needs one.
+    let again = locks
+        .acquire(&key("after"), Some(BOUND))
+        .await
+        .expect("acquire");
+    assert!(again.release().await.expect("release"));
+}
+
+/// A manager whose connections go through `proxy`, with detection slow enough that a short
+/// blackhole never trips it.
+async fn behind(proxy: &Proxy, app: &str, fencing: &FencingTable) -> PostgresLockManager {
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(proxy.options(app))
+        .await
+        .expect("connect through the proxy");
+    common::manager_for(pool, app)
+        .lock_sessions(1)
+        .fencing(fencing.clone())
+        .probe_interval(Duration::from_secs(30))
+        .build()
+}
+
+/// A fencing table of this test's own: a token minted for a key proves that a try of it was
+/// granted on the server.
+fn fencing_table(label: &str) -> FencingTable {
+    FencingTable::new(&format!(
+        "fence_{label}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    ))
+    .expect("valid name")
+}
+
+async fn minted(observer: &PgPool, table: &FencingTable, key: &str) -> Option<i64> {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT token FROM {table} WHERE lock_id = $1"
+    )))
+    .bind(lock_id(key))
+    .fetch_optional(observer)
+    .await
+    .expect("query the fencing table")
+}
+
+#[tokio::test]
+async fn a_try_dropped_with_its_statement_in_flight_touches_no_other_lock() {
+    let observer = observer().await;
+    let proxy = Proxy::start().await;
+    let app = app_name("try-in-flight");
+    let table = fencing_table("try_in_flight");
+    let locks = behind(&proxy, &app, &table).await;
+    let kept: Vec<String> = (0..3).map(|i| key(&format!("kept-{i}"))).collect();
+    let mut guards = Vec::new();
+    for key in &kept {
+        guards.push(locks.acquire(key, Some(BOUND)).await.expect("acquire"));
+    }
+    let session = locks_by_pid(&observer, &app).await[0].0;
+
+    let (tried, bounded) = (key("tried"), key("bounded"));
+    proxy.blackhole();
+    let try_in_flight = locks.try_acquire(&tried);
+    let acquire_in_flight = locks.acquire(&bounded, Some(Duration::from_millis(300)));
+    let (dropped, timed_out) = tokio::join!(
+        tokio::time::timeout(Duration::from_millis(200), try_in_flight),
+        acquire_in_flight,
+    );
+    assert!(dropped.is_err(), "the try was still waiting for its answer");
+    assert!(timed_out.expect_err("answered too late").is_timeout());
+    proxy.restore();
+
+    // Both statements complete on the session's task (each minted a token, so each was
+    // granted), and the task takes the grants back.
+    eventually("both tries were granted", || async {
+        minted(&observer, &table, &tried).await.is_some()
+            && minted(&observer, &table, &bounded).await.is_some()
+    })
+    .await;
+    eventually("the dropped grants are undone", || async {
+        lock_rows(&observer, lock_id(&tried)).await.is_empty()
+            && lock_rows(&observer, lock_id(&bounded)).await.is_empty()
+    })
+    .await;
+    let held = locks_by_pid(&observer, &app).await;
+    assert_eq!(
+        held.len(),
+        kept.len(),
+        "the other locks are untouched: {held:?}"
+    );
+    assert!(
+        held.iter().all(|(pid, _)| *pid == session),
+        "on the same session"
+    );
+    assert_eq!(locks.held_lock_count(), kept.len());
+    assert_eq!(locks.lock_session_count(), 1);
+    for guard in guards {
+        assert!(!guard.is_lost());
+        assert!(guard.release().await.expect("release"));
+    }
+    assert!(locks.try_acquire(&tried).await.expect("try").is_some());
+    locks.release(&tried).await.expect("release");
+}
+
+#[tokio::test]
+async fn a_release_dropped_with_its_statement_in_flight_still_releases() {
+    let observer = observer().await;
+    let proxy = Proxy::start().await;
+    let app = app_name("release-in-flight");
+    let locks = behind(&proxy, &app, &fencing_table("release_in_flight")).await;
+    let (kept, released) = (key("kept"), key("released"));
+    let kept_guard = locks.acquire(&kept, Some(BOUND)).await.expect("acquire");
+    let guard = locks
+        .acquire(&released, Some(BOUND))
+        .await
+        .expect("acquire");
+
+    proxy.blackhole();
+    let dropped = tokio::time::timeout(Duration::from_millis(200), guard.release()).await;
+    assert!(
+        dropped.is_err(),
+        "the release was still waiting for its answer"
+    );
+    proxy.restore();
+
+    eventually("the dropped release completes", || async {
+        lock_rows(&observer, lock_id(&released)).await.is_empty()
+    })
+    .await;
+    assert_eq!(lock_rows(&observer, lock_id(&kept)).await.len(), 1);
+    assert!(!kept_guard.is_lost());
+    assert!(kept_guard.release().await.expect("release"));
+    assert_eq!(locks.held_lock_count(), 0);
+    assert_eq!(
+        locks.lock_session_count(),
+        1,
+        "the session was never closed"
+    );
+}
+
+#[tokio::test]
+async fn many_tasks_share_the_capped_sessions() {
+    let observer = observer().await;
+    let app = app_name("capped");
+    let locks = Arc::new(
+        common::manager_for(pool_named(10, &app).await, &app)
+            .lock_sessions(3)
+            .build(),
+    );
+    let mut tasks = Vec::new();
+    for task in 0..32 {
+        let locks = Arc::clone(&locks);
+        tasks.push(tokio::spawn(async move {
+            for i in 0..20 {
+                let key = key(&format!("capped-{task}-{i}"));
+                let guard = locks.acquire(&key, Some(BOUND)).await.expect("acquire");
+                assert!(guard.release().await.expect("release"));
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("join");
+    }
+    assert!(locks.lock_session_count() <= 3);
+    assert!(tagged_sessions(&observer, &app).await <= 3);
+    assert_eq!(locks.held_lock_count(), 0);
+    assert!(locks_by_pid(&observer, &app).await.is_empty());
+}
