@@ -133,8 +133,9 @@ impl Backend for PgBackend {
         if req.is_immediate() {
             return Err(req.timed_out());
         }
-        // Held elsewhere: wait in the server's queue, on a session of our own.
-        let (session, token) = self.wait(req).await?;
+        // Held elsewhere: wait in the server's queue, on a session of our own. Boxed, so the
+        // uncontended path's future stays small.
+        let (session, token) = Box::pin(self.wait(req)).await?;
         Ok((Hold::Own(session), token))
     }
 
@@ -145,7 +146,7 @@ impl Backend for PgBackend {
     async fn refence(&self, req: &Request<'_>, session: &mut Hold) -> Result<Option<i64>> {
         match session {
             Hold::Shared(lease) => lease.mint().await.map_err(|err| acquire_error(req, err)),
-            Hold::Own(session) => self.mint_on(req, session).await,
+            Hold::Own(session) => Box::pin(self.mint_on(req, session)).await,
         }
     }
 
@@ -160,7 +161,7 @@ impl Backend for PgBackend {
                 }),
                 Err(err) => Err(release_error(key, err)),
             },
-            Hold::Own(session) => self.unlock_own(key, lock_id, mode, session).await,
+            Hold::Own(session) => Box::pin(self.unlock_own(key, lock_id, mode, session)).await,
         }
     }
 

@@ -113,11 +113,12 @@ impl LockSessions {
                 }
             }
             if timeout_at(deadline, changed).await.is_err() {
-                let failure = Failure::from_checkout(
+                // Boxed: the cold path would otherwise bloat every acquisition's future.
+                let failure = Box::pin(Failure::from_checkout(
                     &self.inner.pool,
                     sqlx::Error::PoolTimedOut,
                     started.elapsed(),
-                )
+                ))
                 .await;
                 return Err(failure.into_error(key));
             }
