@@ -31,6 +31,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// | [`FenceNotRaised`](Error::FenceNotRaised), [`FencedRowNotFound`](Error::FencedRowNotFound) | a write without its raise, or a missing row | a bug in the caller, or the row was never created |
 /// | [`FencingFailed`](Error::FencingFailed) | a fenced-row statement failed | inspect the message (a wrong column, a lost connection); retry if transient |
 /// | [`InspectionFailed`](Error::InspectionFailed) | [`inspect`](crate::inspect) could not read the server's lock views | the database is unreachable, or the query was refused; retry later |
+/// | [`InvalidSchedule`](Error::InvalidSchedule) | a scheduled job's settings cannot work | fix the configuration |
+/// | [`JobStorage`](Error::JobStorage) | a scheduled job's table could not be created, read or written | the database is unreachable or refused; the next tick tries again |
+/// | [`JobOverran`](Error::JobOverran) | a scheduled job's body outlived its max hold and was cut off | raise the max hold, or make the job shorter; the window may run again |
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -428,6 +431,38 @@ pub enum Error {
         source: sqlx::Error,
     },
 
+    /// A [`ScheduledJob`](crate::schedule::ScheduledJob) was configured with settings that
+    /// cannot work (see [`build`](crate::schedule::ScheduledJobBuilder::build)).
+    #[error("Invalid schedule for job '{job}': {reason}")]
+    InvalidSchedule {
+        /// The job's name, as given.
+        job: String,
+        /// What is wrong, with the values involved.
+        reason: String,
+    },
+
+    /// A scheduled job's table could not be created, read or written.
+    #[error("Scheduled job '{job}' could not {operation}: {source}")]
+    JobStorage {
+        /// The job's name.
+        job: String,
+        /// What was being done, such as `claim a window`.
+        operation: &'static str,
+        /// The driver error.
+        #[source]
+        source: sqlx::Error,
+    },
+
+    /// A scheduled job's body ran for its whole max hold and was cut off (its future
+    /// dropped). The window did not complete and may run again.
+    #[error("Scheduled job '{job}' was cut off after its max hold of {max_hold:?}")]
+    JobOverran {
+        /// The job's name.
+        job: String,
+        /// The max hold it ran for.
+        max_hold: Duration,
+    },
+
     /// A [`LeaderElection`](crate::LeaderElection) was asked to lead after it stopped
     /// campaigning, or stopped while its leader work ran: it resigned, or its campaign ended
     /// with the runtime.
@@ -456,7 +491,10 @@ impl Error {
             | Error::StaleFencingToken { .. }
             | Error::FenceNotRaised { .. }
             | Error::FencedRowNotFound { .. }
-            | Error::FencingFailed { .. } => None,
+            | Error::FencingFailed { .. }
+            | Error::InvalidSchedule { .. }
+            | Error::JobStorage { .. }
+            | Error::JobOverran { .. } => None,
             Error::InspectionFailed { key, .. } => key.as_deref(),
             #[cfg(feature = "migration")]
             Error::MigrationNotFound { .. }

@@ -22,6 +22,7 @@
 //! | [`Error`], [`Result`] | The one error type of the crate. |
 //! | [`telemetry`] | Span, field and metric names. |
 //! | [`inspect`] | Who holds and who waits for each advisory lock, read from `pg_locks` and `pg_stat_activity`. |
+//! | [`schedule`], [`ScheduledJob`] | Run a job at most once per time window across every process (ShedLock's `lockAtLeastFor` / `lockAtMostFor`), with its record in PostgreSQL. |
 //! | `testing` (feature) | The conformance suite for any [`LockManager`] and a throwaway PostgreSQL server for tests. |
 //! | `migration` (feature) | `pglock::migration`: tenant live migration, with a cutover that is correct across processes. |
 //!
@@ -51,9 +52,9 @@
 //! | feature | default | enables |
 //! | --- | --- | --- |
 //! | `testing` | no | [`testing`]: the conformance suite and a throwaway PostgreSQL server for tests. |
-//! | `metrics` | no | OpenTelemetry metrics (see [`telemetry::metrics`]); builders gain a `meter` method. |
+//! | `metrics` | no | OpenTelemetry metrics (see [`telemetry::metrics`]); builders gain `meter` and `metrics_holder_id` methods. |
 //! | `migration` | no | [`migration`]: the migration coordinator, cutover manager, write gate and repositories. |
-//! | `cli` | no | The `pglock` command: `pglock id <KEY>` (a key's lock id) and `pglock holders [KEY]` (an [`inspect`] report). |
+//! | `cli` | no | The `pglock` command: `id` (a key's lock id), `holders` (an [`inspect`] report, filtered, watched, with an exit status that says held or free), `run` (a command under a lock, like `flock`) and `terminate` (end a stuck holder). |
 //!
 //! # Guarantees, briefly
 //!
@@ -101,6 +102,7 @@ mod metrics;
 #[cfg_attr(docsrs, doc(cfg(feature = "migration")))]
 pub mod migration;
 mod postgres;
+pub mod schedule;
 pub mod telemetry;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
@@ -120,6 +122,7 @@ pub use crate::loss::{LossCause, LossSignal};
 pub use crate::manager::LockManager;
 pub use crate::memory::{InMemoryLockManager, InMemoryLockManagerBuilder, InMemoryLockServer};
 pub use crate::postgres::{FencingTable, PostgresLockManager, PostgresLockManagerBuilder};
+pub use crate::schedule::ScheduledJob;
 
 // The Rust snippets of the README and the guide are compiled as doc tests.
 #[cfg(doctest)]

@@ -148,7 +148,17 @@ impl InMemoryLockManagerBuilder {
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn meter(mut self, meter: opentelemetry::metrics::Meter) -> Self {
-        self.meter = Some(meter);
+        self.meter.meter = Some(meter);
+        self
+    }
+
+    /// Puts the holder id on every metric series as the `pglock.holder_id` attribute. Turn it
+    /// on only when holder ids are few and stable: each distinct id is a new set of series
+    /// (see [`telemetry::metrics`](crate::telemetry::metrics#cardinality)). Default: off.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn metrics_holder_id(mut self, enabled: bool) -> Self {
+        self.meter.holder_id = enabled;
         self
     }
 

@@ -261,6 +261,8 @@ impl<B: Backend> Core<B> {
         let span: Span = recorder.span().clone();
         span.record(telemetry::LOCK_ID, held.lock_id);
         span.record(telemetry::MODE, held.mode.as_str());
+        self.metrics
+            .hold_time(held.mode, held.registered_at.elapsed());
         self.checkpoint(Stage::Unlock, key).await;
         let Held {
             lock_id,

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod cli;
+pub mod jobs;
 pub mod otel;
 pub mod proxy;
 
