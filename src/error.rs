@@ -24,6 +24,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// | [`TooManyConnections`](Error::TooManyConnections) | the server refused a new connection: too many clients | lower the pools' sizes, or raise the server's `max_connections` |
 /// | [`Standby`](Error::Standby) | the pool points at a standby | point the lock pool at the primary |
 /// | [`Connection`](Error::Connection) | no session could be opened or it broke | the database is unreachable; retry with backoff |
+/// | [`Reentrant`](Error::Reentrant) | the calling task already holds the key | release it first; only other tasks queue for a held key |
 /// | [`NotHeld`](Error::NotHeld) | `release` of a key this manager does not hold | a bookkeeping bug in the caller, or the lock was already released |
 /// | [`ReleaseFailed`](Error::ReleaseFailed) | the server did not confirm the unlock | nothing to undo: the session was closed, which frees the lock on the server |
 /// | [`LockLost`](Error::LockLost) | the lock was lost while held | work done under it may have overlapped another holder's; stop, and re-check before acting on its results (fencing tokens make this safe) |
@@ -52,6 +53,16 @@ pub enum Error {
         /// The driver error behind a [`AcquireFailure::Database`] reason.
         #[source]
         source: Option<sqlx::Error>,
+    },
+
+    /// The calling task asked for a key it holds already, which would wait for itself forever.
+    ///
+    /// Release the lock first, or pass the guard's [`LockInfo`](crate::LockInfo) to the code
+    /// that needs it. Other tasks asking for the key wait, within their deadline, as usual.
+    #[error("Lock '{key}' is already held by this task; waiting for it would never end")]
+    Reentrant {
+        /// The key that was requested.
+        key: String,
     },
 
     /// A release named a key this manager does not hold.
@@ -479,6 +490,7 @@ impl Error {
         match self {
             Error::AcquisitionFailed { key, .. }
             | Error::NotHeld { key }
+            | Error::Reentrant { key }
             | Error::PoolExhausted { key, .. }
             | Error::PoolClosed { key }
             | Error::TooManyConnections { key, .. }

@@ -7,7 +7,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::timeout_at;
 
 use crate::core::{Backend, Core, Hook, Options, Request, Slots, delegate_lock_manager};
-use crate::{Error, LockMode, LossCause, Result};
+use crate::{Error, LockKey, LockMode, LockTarget, LossCause, Result};
 
 /// A [`LockManager`](crate::LockManager) that lives inside one process, for unit tests.
 ///
@@ -91,8 +91,10 @@ impl InMemoryLockManager {
     /// # Cancel safety
     ///
     /// Cancel safe: if the future is dropped, the lock is either untouched or fully lost.
-    pub async fn simulate_loss(&self, key: &str) -> bool {
-        self.core.declare_key_lost(key, LossCause::Simulated).await
+    pub async fn simulate_loss(&self, key: impl Into<LockKey>) -> bool {
+        self.core
+            .declare_key_lost(&key.into(), LossCause::Simulated)
+            .await
     }
 }
 
@@ -203,10 +205,10 @@ impl fmt::Debug for InMemoryLockManagerBuilder {
 /// The shared state that [`InMemoryLockManager`]s contend on, standing in for a database.
 ///
 /// Cloning it gives another handle to the same server. Locks are keyed by
-/// [`lock_id`](crate::lock_id), as on PostgreSQL.
+/// their [`LockTarget`](crate::LockTarget), as on PostgreSQL.
 #[derive(Clone)]
 pub struct InMemoryLockServer {
-    locks: Arc<Mutex<Slots<i64, tokio::sync::Semaphore>>>,
+    locks: Arc<Mutex<Slots<LockTarget, tokio::sync::Semaphore>>>,
     /// The last fencing token minted per lock id; never reset, so tokens only grow.
     fences: Arc<Mutex<std::collections::HashMap<i64, i64>>>,
 }
@@ -229,11 +231,11 @@ impl InMemoryLockServer {
         *token
     }
 
-    fn slot(&self, lock_id: i64) -> Arc<tokio::sync::Semaphore> {
+    fn slot(&self, target: LockTarget) -> Arc<tokio::sync::Semaphore> {
         self.locks
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(&lock_id)
+            .get(&target)
     }
 }
 
@@ -269,15 +271,15 @@ impl Backend for MemoryBackend {
     type Session = OwnedSemaphorePermit;
 
     async fn lock(&self, req: &Request<'_>) -> Result<(Self::Session, Option<i64>)> {
-        let slot = self.server.slot(req.lock_id);
+        let slot = self.server.slot(req.target);
         let n = permits(req.mode);
         let permit = match (req.timeout, req.deadline) {
             (Some(timeout), _) if timeout.is_zero() => slot
                 .try_acquire_many_owned(n)
-                .map_err(|_| Error::timeout(req.key, timeout))?,
+                .map_err(|_| Error::timeout(&req.name(), timeout))?,
             (Some(timeout), Some(deadline)) => timeout_at(deadline, slot.acquire_many_owned(n))
                 .await
-                .map_err(|_| Error::timeout(req.key, timeout))?
+                .map_err(|_| Error::timeout(&req.name(), timeout))?
                 .expect("lock semaphores are never closed"),
             _ => slot
                 .acquire_many_owned(n)
@@ -288,7 +290,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn try_lock(&self, req: &Request<'_>) -> Result<Option<(Self::Session, Option<i64>)>> {
-        let slot = self.server.slot(req.lock_id);
+        let slot = self.server.slot(req.target);
         Ok(slot
             .try_acquire_many_owned(permits(req.mode))
             .ok()
@@ -305,8 +307,8 @@ impl Backend for MemoryBackend {
 
     async fn unlock(
         &self,
-        _key: &str,
-        _lock_id: i64,
+        _key: &LockKey,
+        _target: LockTarget,
         _mode: LockMode,
         session: Self::Session,
     ) -> Result<()> {

@@ -83,10 +83,11 @@ impl FencingTable {
         )
     }
 
-    /// As [`mint`](Self::mint), only for the rows of `source` whose `granted` is true.
-    pub(crate) fn mint_if_granted(&self, source: &str) -> String {
+    /// As [`mint`](Self::mint) for the row `id` (an SQL expression), only for the rows of
+    /// `source` whose `granted` is true.
+    pub(crate) fn mint_if_granted(&self, source: &str, id: &str) -> String {
         format!(
-            "INSERT INTO {t} AS f (lock_id, token) SELECT $1, {EPOCH} + 1 FROM {source} \
+            "INSERT INTO {t} AS f (lock_id, token) SELECT {id}, {EPOCH} + 1 FROM {source} \
              WHERE {source}.granted AND {DURABLE} {NEXT}",
             t = self.quoted
         )

@@ -20,7 +20,7 @@ use tokio::time::{Instant, Sleep, timeout_at};
 use super::errors::breaks_connection;
 use super::statements::Statements;
 use super::wait_session::PgSession;
-use crate::LockMode;
+use crate::{LockMode, LockTarget};
 
 /// Why a command did not complete.
 #[derive(Debug)]
@@ -58,17 +58,17 @@ type TryAnswer = Result<Option<(Lease, Option<i64>)>, SessionError>;
 
 enum Command {
     Try {
-        lock_id: i64,
+        target: LockTarget,
         mode: LockMode,
         reply: oneshot::Sender<TryAnswer>,
     },
     Unlock {
-        lock_id: i64,
+        target: LockTarget,
         mode: LockMode,
         reply: Option<oneshot::Sender<Result<bool, SessionError>>>,
     },
     Mint {
-        lock_id: i64,
+        target: LockTarget,
         reply: oneshot::Sender<Result<Option<i64>, SessionError>>,
     },
 }
@@ -154,13 +154,13 @@ impl LockSession {
     /// nobody is left to receive.
     pub(crate) async fn try_lock(
         &self,
-        lock_id: i64,
+        target: LockTarget,
         mode: LockMode,
         deadline: Option<Instant>,
     ) -> TryAnswer {
         let (reply, answer) = oneshot::channel();
         self.send(Command::Try {
-            lock_id,
+            target,
             mode,
             reply,
         })?;
@@ -177,7 +177,7 @@ impl LockSession {
 /// A lock granted on a lock session. Dropping it unlocks in the background.
 pub(crate) struct Lease {
     session: Arc<LockSession>,
-    lock_id: i64,
+    target: LockTarget,
     mode: LockMode,
     armed: bool,
 }
@@ -195,7 +195,7 @@ impl Lease {
         self.armed = false;
         let (reply, answer) = oneshot::channel();
         self.session.send(Command::Unlock {
-            lock_id: self.lock_id,
+            target: self.target,
             mode: self.mode,
             reply: Some(reply),
         })?;
@@ -208,7 +208,7 @@ impl Lease {
     pub(crate) async fn mint(&self) -> Result<Option<i64>, SessionError> {
         let (reply, answer) = oneshot::channel();
         self.session.send(Command::Mint {
-            lock_id: self.lock_id,
+            target: self.target,
             reply,
         })?;
         answer.await.unwrap_or(Err(SessionError::Closed(None)))
@@ -221,7 +221,7 @@ impl Drop for Lease {
             // Queued behind whatever the session runs now; nothing to wait for. If the session
             // has closed, the lock went with it.
             let _ = self.session.send(Command::Unlock {
-                lock_id: self.lock_id,
+                target: self.target,
                 mode: self.mode,
                 reply: None,
             });
@@ -234,7 +234,7 @@ impl std::fmt::Debug for Lease {
         f.debug_struct("Lease")
             .field("session", &self.session.id)
             .field("pid", &self.session.pid)
-            .field("lock_id", &self.lock_id)
+            .field("target", &self.target)
             .field("mode", &self.mode)
             .finish()
     }
@@ -318,16 +318,16 @@ impl Task {
     async fn execute(&mut self, command: Command) -> Result<(), Broken> {
         match command {
             Command::Try {
-                lock_id,
+                target,
                 mode,
                 reply,
-            } => self.try_lock(lock_id, mode, reply).await,
+            } => self.try_lock(target, mode, reply).await,
             Command::Unlock {
-                lock_id,
+                target,
                 mode,
                 reply,
             } => {
-                let result = self.unlock(lock_id, mode).await;
+                let result = self.unlock(target, mode).await;
                 let broken = matches!(
                     result,
                     Err(SessionError::Closed(_) | SessionError::Unanswered(_))
@@ -337,8 +337,8 @@ impl Task {
                 }
                 if broken { Err(Broken) } else { Ok(()) }
             }
-            Command::Mint { lock_id, reply } => {
-                let result = self.mint(lock_id).await;
+            Command::Mint { target, reply } => {
+                let result = self.mint(target).await;
                 let broken = matches!(
                     result,
                     Err(SessionError::Closed(_) | SessionError::Unanswered(_))
@@ -351,13 +351,16 @@ impl Task {
 
     async fn try_lock(
         &mut self,
-        lock_id: i64,
+        target: LockTarget,
         mode: LockMode,
         reply: oneshot::Sender<TryAnswer>,
     ) -> Result<(), Broken> {
-        let statement = self.context.statements.try_lock(mode);
-        let query =
-            sqlx::query_as::<_, (bool, Option<i64>)>(AssertSqlSafe(statement)).bind(lock_id);
+        let statement = self.context.statements.try_lock(mode, target);
+        let query = sqlx::query_as::<_, (bool, Option<i64>)>(AssertSqlSafe(statement));
+        let query = match target {
+            LockTarget::BigInt(id) => query.bind(id),
+            LockTarget::IntPair(a, b) => query.bind(a).bind(b),
+        };
         let answer = bounded(
             &mut self.watchdog,
             self.context.statement_timeout,
@@ -369,7 +372,7 @@ impl Task {
             Err(SessionError::Database(err)) => {
                 // A fenced try can fail after its lock was granted (the mint failed), and a
                 // session lock survives the failed statement: make sure it is not held.
-                self.reconcile(lock_id, mode).await?;
+                self.reconcile(target, mode).await?;
                 let _ = reply.send(Err(SessionError::Database(err)));
                 return Ok(());
             }
@@ -385,11 +388,11 @@ impl Task {
         self.shared.held.fetch_add(1, Ordering::SeqCst);
         let Some(session) = self.me.upgrade() else {
             // No handle left, so no caller is waiting.
-            return self.undo(lock_id, mode).await;
+            return self.undo(target, mode).await;
         };
         let lease = Lease {
             session,
-            lock_id,
+            target,
             mode,
             armed: true,
         };
@@ -400,20 +403,24 @@ impl Task {
                 if let Ok(Some((mut lease, _))) = unsent {
                     lease.armed = false;
                 }
-                self.undo(lock_id, mode).await
+                self.undo(target, mode).await
             }
         }
     }
 
-    async fn undo(&mut self, lock_id: i64, mode: LockMode) -> Result<(), Broken> {
-        match self.unlock(lock_id, mode).await {
+    async fn undo(&mut self, target: LockTarget, mode: LockMode) -> Result<(), Broken> {
+        match self.unlock(target, mode).await {
             Ok(_) | Err(SessionError::Database(_)) => Ok(()),
             Err(_) => Err(Broken),
         }
     }
 
-    async fn unlock(&mut self, lock_id: i64, mode: LockMode) -> Result<bool, SessionError> {
-        let query = sqlx::query_scalar::<_, bool>(Statements::unlock(mode)).bind(lock_id);
+    async fn unlock(&mut self, target: LockTarget, mode: LockMode) -> Result<bool, SessionError> {
+        let query = sqlx::query_scalar::<_, bool>(Statements::unlock(mode, target));
+        let query = match target {
+            LockTarget::BigInt(id) => query.bind(id),
+            LockTarget::IntPair(a, b) => query.bind(a).bind(b),
+        };
         let answer = bounded(
             &mut self.watchdog,
             self.context.statement_timeout,
@@ -426,11 +433,11 @@ impl Task {
         self.settle(answer)
     }
 
-    async fn mint(&mut self, lock_id: i64) -> Result<Option<i64>, SessionError> {
+    async fn mint(&mut self, target: LockTarget) -> Result<Option<i64>, SessionError> {
         let Some(statement) = self.context.statements.mint() else {
             return Ok(None);
         };
-        let query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(statement)).bind(lock_id);
+        let query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(statement)).bind(target.packed());
         let answer = bounded(
             &mut self.watchdog,
             self.context.statement_timeout,
@@ -440,23 +447,10 @@ impl Task {
         self.settle(answer).map(Some)
     }
 
-    /// Releases `lock_id` in `mode` if, and only if, this session holds it.
-    async fn reconcile(&mut self, lock_id: i64, mode: LockMode) -> Result<(), Broken> {
-        let (classid, objid) = crate::split_lock_id(lock_id);
-        let function = match mode {
-            LockMode::Exclusive => "pg_advisory_unlock",
-            LockMode::Shared => "pg_advisory_unlock_shared",
-        };
-        let lock_mode = match mode {
-            LockMode::Exclusive => "ExclusiveLock",
-            LockMode::Shared => "ShareLock",
-        };
-        let sql = format!(
-            "SELECT {function}($1) FROM pg_locks WHERE locktype = 'advisory' \
-             AND pid = pg_backend_pid() AND classid = {classid} AND objid = {objid} \
-             AND objsubid = 1 AND mode = '{lock_mode}' AND granted"
-        );
-        let query = sqlx::query(AssertSqlSafe(sql)).bind(lock_id);
+    /// Releases `target` in `mode` if, and only if, this session holds it.
+    async fn reconcile(&mut self, target: LockTarget, mode: LockMode) -> Result<(), Broken> {
+        let sql = Statements::unlock_if_held(target, mode);
+        let query = sqlx::query(AssertSqlSafe(sql));
         let answer = bounded(
             &mut self.watchdog,
             self.context.statement_timeout,

@@ -20,12 +20,12 @@ use crate::{LockMode, LossCause};
 // round trip whatever the number of locks; the answer is the 1-based positions of the missing.
 // A server in recovery holds nothing that counts (a demoted primary came back as a standby):
 // every lock is missing there.
-const PROBE: &str = "SELECT h.i FROM unnest($1::int4[], $2::int8[], $3::bool[]) \
-     WITH ORDINALITY AS h(pid, id, shared, i) \
+const PROBE: &str = "SELECT h.i FROM unnest($1::int4[], $2::int8[], $3::bool[], $4::int2[]) \
+     WITH ORDINALITY AS h(pid, id, shared, sub, i) \
      WHERE pg_is_in_recovery() OR NOT EXISTS (SELECT 1 FROM pg_locks l \
         WHERE l.locktype = 'advisory' AND l.granted AND l.pid = h.pid \
         AND l.classid = (h.id >> 32)::oid AND l.objid = (h.id & 4294967295)::oid \
-        AND l.objsubid = 1 \
+        AND l.objsubid = h.sub \
         AND l.mode = CASE WHEN h.shared THEN 'ShareLock' ELSE 'ExclusiveLock' END)";
 
 /// How often to probe, and how long past a failed probe locks stay "unknown" before they are
@@ -147,12 +147,14 @@ async fn missing(
     }
     let conn = conn.as_mut().expect("connected above");
     let pids: Vec<i32> = watched.iter().map(|w| w.pid.unwrap_or(0)).collect();
-    let ids: Vec<i64> = watched.iter().map(|w| w.lock_id).collect();
+    let ids: Vec<i64> = watched.iter().map(|w| w.target.packed()).collect();
     let shared: Vec<bool> = watched.iter().map(|w| w.mode == LockMode::Shared).collect();
+    let subids: Vec<i16> = watched.iter().map(|w| w.target.objsubid()).collect();
     let missing: Vec<i64> = sqlx::query_scalar(PROBE)
         .bind(pids)
         .bind(ids)
         .bind(shared)
+        .bind(subids)
         .fetch_all(conn)
         .await?;
     Ok(missing

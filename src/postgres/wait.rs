@@ -31,7 +31,7 @@ impl PgBackend {
                     if retries > 0 && req.deadline.is_none_or(|d| Instant::now() < d) =>
                 {
                     retries -= 1;
-                    tracing::debug!(key = req.key, "retrying the wait on another connection");
+                    tracing::debug!(key = %req.key, "retrying the wait on another connection");
                 }
                 Err(err) => return Err(err),
             }
@@ -58,7 +58,7 @@ impl PgBackend {
             Ok(conn) => Ok(PgSession::new(conn, Arc::clone(&self.idle))),
             Err(err) => Err(Failure::from_checkout(&self.pool, err, started.elapsed())
                 .await
-                .into_error(req.key)),
+                .into_error(&req.name())),
         }
     }
 
@@ -67,9 +67,9 @@ impl PgBackend {
             let standby = session
                 .set_up(self.statements.tag.as_deref())
                 .await
-                .map_err(|err| statement_error(req.key, req.timeout, err))?;
+                .map_err(|err| statement_error(&req.name(), req.timeout, err))?;
             if standby && !self.allow_standby {
-                return Err(Failure::Standby.into_error(req.key));
+                return Err(Failure::Standby.into_error(&req.name()));
             }
         }
         loop {
@@ -104,7 +104,7 @@ impl PgBackend {
     ) -> std::result::Result<Option<i64>, WaitEnd> {
         let sql = self
             .statements
-            .wait(req.lock_id, req.mode, timeout_ms, session.server_version());
+            .wait(req.target, req.mode, timeout_ms, session.server_version());
         let waiting = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(session.conn());
         let answer = match timeout_ms {
             Some(ms) => {
@@ -136,7 +136,7 @@ impl PgBackend {
                 Ok(token)
             }
             Ok(_) => Err(WaitEnd::Failed(connection_error(
-                req.key,
+                &req.name(),
                 sqlx::Error::Protocol("the lock statement returned no row".into()),
             ))),
             Err(err) if has_sqlstate(&err, LOCK_NOT_AVAILABLE) && timeout_ms.is_some() => {
@@ -144,7 +144,11 @@ impl PgBackend {
                 session.mark_clean();
                 Err(WaitEnd::TimedOut)
             }
-            Err(err) => Err(WaitEnd::Failed(statement_error(req.key, req.timeout, err))),
+            Err(err) => Err(WaitEnd::Failed(statement_error(
+                &req.name(),
+                req.timeout,
+                err,
+            ))),
         }
     }
 
@@ -161,7 +165,7 @@ impl PgBackend {
             .bind(req.lock_id)
             .fetch_one(session.conn())
             .await
-            .map_err(|err| statement_error(req.key, req.timeout, err))?;
+            .map_err(|err| statement_error(&req.name(), req.timeout, err))?;
         // The session still holds the lock: it stays dirty until unlocked.
         Ok(Some(token))
     }

@@ -237,8 +237,8 @@ pub mod migration {
         RoutingChange, RoutingState, StoreRegistry, SyncLag, Transition,
     };
     use pglock::{
-        GuardBackend, InMemoryLockManager, InMemoryLockServer, LockGuard, LockInfo, LockManager,
-        PostgresLockManager,
+        GuardBackend, InMemoryLockManager, InMemoryLockServer, LockGuard, LockInfo, LockKey,
+        LockManager, LockMode, PostgresLockManager,
     };
     use tokio::sync::{Notify, Semaphore};
     use uuid::Uuid;
@@ -587,44 +587,37 @@ pub mod migration {
 
     #[async_trait]
     impl LockManager for Fenced {
-        async fn acquire(&self, key: &str, timeout: Option<Duration>) -> pglock::Result<LockGuard> {
-            Ok(self.wrap(self.inner.acquire(key, timeout).await?))
-        }
-
-        async fn try_acquire(&self, key: &str) -> pglock::Result<Option<LockInfo>> {
-            Ok(self
-                .inner
-                .try_acquire(key)
-                .await?
-                .map(|info| self.stamp(info)))
-        }
-
-        async fn acquire_shared(
+        async fn acquire_key(
             &self,
-            key: &str,
+            key: &LockKey,
+            mode: LockMode,
             timeout: Option<Duration>,
         ) -> pglock::Result<LockGuard> {
-            Ok(self.wrap(self.inner.acquire_shared(key, timeout).await?))
+            Ok(self.wrap(self.inner.acquire_key(key, mode, timeout).await?))
         }
 
-        async fn try_acquire_shared(&self, key: &str) -> pglock::Result<Option<LockInfo>> {
+        async fn try_acquire_key(
+            &self,
+            key: &LockKey,
+            mode: LockMode,
+        ) -> pglock::Result<Option<LockGuard>> {
             Ok(self
                 .inner
-                .try_acquire_shared(key)
+                .try_acquire_key(key, mode)
                 .await?
-                .map(|info| self.stamp(info)))
+                .map(|guard| self.wrap(guard)))
         }
 
-        async fn release(&self, key: &str) -> pglock::Result<()> {
-            self.inner.release(key).await
+        async fn release_key(&self, key: &LockKey) -> pglock::Result<()> {
+            self.inner.release_key(key).await
+        }
+
+        async fn is_key_held(&self, key: &LockKey) -> bool {
+            self.inner.is_key_held(key).await
         }
 
         async fn release_all(&self) -> pglock::Result<usize> {
             self.inner.release_all().await
-        }
-
-        async fn is_held(&self, key: &str) -> bool {
-            self.inner.is_held(key).await
         }
 
         fn held_lock_count(&self) -> usize {
