@@ -243,6 +243,7 @@ impl PostgresLockManagerBuilder {
         let probe = self.probe_interval.map(|interval| Probe {
             interval,
             grace: self.probe_grace,
+            allow_standby: self.allow_standby,
         });
         let monitor = Monitor::new(
             probe,
