@@ -423,6 +423,12 @@ async fn a_standby_allowed_on_purpose_grants_what_the_primary_holds(
     let deadline = Instant::now() + BOUND;
     while probes.len() < 3 {
         assert!(
+            !also_held.is_lost(),
+            "a lock on a standby the manager may use is declared lost ({:?}) while the standby \
+             holds it",
+            also_held.loss_signal().cause()
+        );
+        assert!(
             Instant::now() < deadline,
             "the standby's manager never probed its lock three times"
         );
