@@ -450,6 +450,16 @@ async fn a_standby_allowed_on_purpose_grants_what_the_primary_holds(
         also_held.loss_signal().cause()
     );
     assert!(!held.is_lost());
+    // Fencing needs the primary: a standby cannot store a token.
+    let allowed_fenced = PostgresLockManager::builder(admin(standby).await)
+        .allow_standby(true)
+        .fencing(FencingTable::default())
+        .build();
+    let refused = allowed_fenced
+        .acquire(&common::key("standby-fenced"), Some(Duration::from_secs(2)))
+        .await
+        .expect_err("no token on a standby");
+    assert!(refused.to_string().contains("read-only"), "{refused}");
     assert!(also_held.release().await.expect("release on the standby"));
     assert!(held.release().await.expect("release on the primary"));
 }
