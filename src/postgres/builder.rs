@@ -80,8 +80,9 @@ impl PostgresLockManagerBuilder {
     /// Mints a [fencing token](crate::LockInfo::fencing_token) for every acquisition, kept in
     /// `table`.
     ///
-    /// Tokens strictly increase per key across acquisitions, releases, handoffs and restarts
-    /// of the application or the server, and never repeat. Minting rides on the acquisition's
+    /// Tokens strictly increase per key across acquisitions, releases, handoffs, restarts of
+    /// the application or the server, server crashes and failovers to a promoted standby, and
+    /// never repeat (see [`FencingTable`] for how, and for the limits). Minting rides on the acquisition's
     /// own statement (or message), so it adds no round trip; an in-process handoff mints with
     /// one. The table is created on first use (see [`FencingTable`]). Default: off.
     pub fn fencing(mut self, table: FencingTable) -> Self {
@@ -136,7 +137,9 @@ impl PostgresLockManagerBuilder {
     ///
     /// Advisory locks are not replicated: a lock on a standby excludes only the standby's other
     /// sessions, never the primary's. Turn this on only if every contender uses the same
-    /// standby on purpose.
+    /// standby on purpose. Fencing does not work there: a standby cannot store a token, so
+    /// fenced acquisitions fail. The loss probe does not count a lock as lost merely because
+    /// its server is in recovery.
     pub fn allow_standby(mut self, allow: bool) -> Self {
         self.allow_standby = allow;
         self
@@ -243,6 +246,7 @@ impl PostgresLockManagerBuilder {
         let probe = self.probe_interval.map(|interval| Probe {
             interval,
             grace: self.probe_grace,
+            allow_standby: self.allow_standby,
         });
         let monitor = Monitor::new(
             probe,

@@ -8,26 +8,38 @@ use crate::Result;
 /// tokens: one row per lock id, holding the last token minted for it.
 ///
 /// A fencing token is a number that strictly increases with every acquisition of a key, across
-/// releases, process restarts, server crashes and failovers to a promoted standby, and is never
-/// handed out twice. Carry it with
+/// releases, process restarts, server restarts and crashes, and failovers to a promoted
+/// standby, and is never handed out twice (within the limits below). Carry it with
 /// every write made under the lock, and have the resource reject writes whose token is lower
 /// than the highest it has accepted: a holder that lost its lock without knowing (a long pause,
 /// a partition) can then no longer overwrite the work of the holder that came after it. For a
 /// read-modify-write, the resource must see the token before the read as well:
 /// [`RowFence`](crate::RowFence) does that for rows of your own tables, and `examples/fencing.rs`
-/// plays out both checks. Only compare tokens; their numeric layout is not promised.
+/// plays out both checks. Only compare tokens, and store them as 64-bit integers (`bigint`).
 ///
 /// # How tokens survive crashes and failovers
 ///
 /// * The statement that mints a token commits durably (its WAL is flushed before the lock is
-///   reported granted), whatever the session's `synchronous_commit`, so a server crash cannot
-///   take back a token that was handed out.
+///   reported granted), whatever the session's or the server's `synchronous_commit`, so a
+///   server crash cannot take back a token that was handed out. `tests/ha.rs` crashes a server
+///   (immediate stop) that commits asynchronously and loses commits in the crash: no token is
+///   handed out twice.
 /// * With asynchronous replication a promoted standby may lack the latest tokens of the old
 ///   primary. Tokens therefore carry the server's WAL timeline, which grows at every promotion,
 ///   in their high bits: `(timeline << 40) + n`. The first token after a promotion exceeds
-///   every token before it. Tokens minted by versions of pglock that counted from 1 are below
-///   every such token, so an upgrade keeps them increasing; expect a jump to about 2^40 at the
-///   first acquisition after upgrading.
+///   every token before it. `tests/ha.rs` mints tokens on a primary that its standby never
+///   receives, kills the primary and promotes the standby: every new token exceeds every old
+///   one.
+/// * Tokens minted by versions of pglock that counted from 1 stay below every such token, so an
+///   upgrade keeps them increasing; expect a jump to about 2^40 at the first acquisition after
+///   upgrading.
+///
+/// Limits: the timeline is only as good as the cluster's history. Two servers promoted from
+/// the same timeline (two standbys, or a split brain) can mint equal tokens; a copy of the
+/// table moved into a new cluster (dump and restore) repeats unreplicated tokens at its first
+/// failovers until its timeline passes the stored tokens'; restoring an old copy of the data
+/// directory without recovery takes tokens back. Durability against a machine crash rests on
+/// the server's `fsync`, as for any commit. See `docs/failure-model.md`.
 ///
 /// The name is used as given, quoted as an identifier (so it is case-sensitive and any
 /// character is allowed); `schema.table` names a table in a schema. The table is created on

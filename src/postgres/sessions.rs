@@ -196,6 +196,9 @@ impl Inner {
             .await
             .map_err(|err| Failure::from_sqlx(&err))?;
         if standby && !self.config.allow_standby {
+            // Closed, not pooled: a connection to a standby is of no use to this pool, and
+            // one kept would be handed out again (a set-up session is not checked twice).
+            session.mark_dirty();
             return Err(Failure::Standby);
         }
         if let Some(table) = &statements.fencing {

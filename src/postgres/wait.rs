@@ -69,6 +69,9 @@ impl PgBackend {
                 .await
                 .map_err(|err| statement_error(&req.name(), req.timeout, err))?;
             if standby && !self.allow_standby {
+                // Closed, not kept: a kept session counts as set up, and would be waited on
+                // without this check.
+                session.mark_dirty();
                 return Err(Failure::Standby.into_error(&req.name()));
             }
         }
