@@ -22,6 +22,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// | [`PoolExhausted`](Error::PoolExhausted) | every pooled connection was busy until the deadline | give the lock manager room in the pool (see the manager's pool sizing), or a pool of its own |
 /// | [`PoolClosed`](Error::PoolClosed) | the pool was closed | the application is shutting down |
 /// | [`TooManyConnections`](Error::TooManyConnections) | the server refused a new connection: too many clients | lower the pools' sizes, or raise the server's `max_connections` |
+/// | [`TransactionPooling`](Error::TransactionPooling) | the pool goes through a transaction-pooling proxy | connect the lock pool directly or in session mode, or use transaction-scoped locks |
 /// | [`Standby`](Error::Standby) | the pool points at a standby | point the lock pool at the primary |
 /// | [`Connection`](Error::Connection) | no session could be opened or it broke | the database is unreachable; retry with backoff |
 /// | [`Reentrant`](Error::Reentrant) | the calling task already holds the key | release it first; only other tasks queue for a held key |
@@ -121,6 +122,24 @@ pub enum Error {
          taken there exclude nothing on the primary. Point the lock pool at the primary."
     )]
     Standby {
+        /// The key that was requested.
+        key: String,
+    },
+
+    /// The pool's connections go through a transaction-pooling proxy (such as PgBouncer with
+    /// `pool_mode = transaction`): consecutive statements of one connection ran on different
+    /// server sessions. Nothing was taken.
+    ///
+    /// A session advisory lock belongs to the server session that took it, so it cannot work
+    /// through such a proxy. Point the lock manager's pool at PostgreSQL directly or at a
+    /// session-pooling proxy, or use transaction-scoped locks on your own transactions.
+    #[error(
+        "Failed to acquire lock '{key}': the connection's statements run on different server \
+         sessions (a transaction-pooling proxy such as PgBouncer in transaction mode); session \
+         locks need a session of their own. Connect the lock pool directly or in session \
+         pooling mode, or use transaction-scoped locks."
+    )]
+    TransactionPooling {
         /// The key that was requested.
         key: String,
     },
@@ -495,6 +514,7 @@ impl Error {
             | Error::PoolClosed { key }
             | Error::TooManyConnections { key, .. }
             | Error::Standby { key }
+            | Error::TransactionPooling { key }
             | Error::Connection { key, .. }
             | Error::ReleaseFailed { key, .. }
             | Error::LockLost { key, .. }
@@ -595,6 +615,10 @@ pub enum ReleaseFailure {
     /// The session holding the lock had already closed (its connection broke, or an earlier
     /// statement on it went unanswered), which frees the lock on the server.
     SessionClosed,
+    /// The unlock ran on another server session than the lock's: the connection goes through a
+    /// transaction-pooling proxy, and the lock stays with the proxy's server session until that
+    /// session ends.
+    TransactionPooling,
 }
 
 impl fmt::Display for ReleaseFailure {
@@ -608,6 +632,10 @@ impl fmt::Display for ReleaseFailure {
                 write!(f, "no answer to the unlock within {}s", python_float(t))
             }
             ReleaseFailure::SessionClosed => f.write_str("the session holding the lock had closed"),
+            ReleaseFailure::TransactionPooling => f.write_str(
+                "the unlock ran on another server session (a transaction-pooling proxy); the lock \
+                 stays with the proxy's session until it ends",
+            ),
         }
     }
 }

@@ -106,6 +106,7 @@ fn acquire_error(req: &Request<'_>, err: SessionError) -> Error {
             reason: format!("the server did not answer within {after:?}; the session was closed"),
             source: None,
         },
+        SessionError::Pooled => Error::TransactionPooling { key: req.name() },
     }
 }
 
@@ -115,6 +116,7 @@ fn release_error(key: &LockKey, err: SessionError) -> Error {
         SessionError::Database(err) => (ReleaseFailure::Database(err.to_string()), Some(err)),
         SessionError::Unanswered(after) => (ReleaseFailure::Timeout(after), None),
         SessionError::Closed(_) | SessionError::Deadline => (ReleaseFailure::SessionClosed, None),
+        SessionError::Pooled => (ReleaseFailure::TransactionPooling, None),
     };
     Error::ReleaseFailed {
         key: key.to_string(),
@@ -193,18 +195,20 @@ impl PgBackend {
         mode: LockMode,
         mut session: PgSession,
     ) -> Result<()> {
-        let query = sqlx::query_scalar::<_, bool>(Statements::unlock(mode, target));
+        let query = sqlx::query_scalar::<_, Option<bool>>(Statements::unlock(mode, target));
         let query = match target {
             LockTarget::BigInt(id) => query.bind(id),
             LockTarget::IntPair(a, b) => query.bind(a).bind(b),
-        };
+        }
+        .bind(session.pid);
         let unlocked = query.fetch_one(session.conn());
         let (reason, source) = match timeout(self.release_timeout, unlocked).await {
-            Ok(Ok(true)) => {
+            Ok(Ok(Some(true))) => {
                 session.mark_clean();
                 return Ok(());
             }
-            Ok(Ok(false)) => (ReleaseFailure::NotHeldOnServer, None),
+            Ok(Ok(Some(false))) => (ReleaseFailure::NotHeldOnServer, None),
+            Ok(Ok(None)) => (ReleaseFailure::TransactionPooling, None),
             Ok(Err(err)) => (ReleaseFailure::Database(err.to_string()), Some(err)),
             Err(_) => (ReleaseFailure::Timeout(self.release_timeout), None),
         };

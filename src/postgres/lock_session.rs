@@ -34,6 +34,9 @@ pub(crate) enum SessionError {
     Unanswered(Duration),
     /// The caller's deadline passed before the answer came (any grant is undone).
     Deadline,
+    /// The statement ran on another server session than the one set up: the connection goes
+    /// through a transaction-pooling proxy. Nothing was taken; the session was closed.
+    Pooled,
 }
 
 /// What the task of every session needs to know, and whom it tells when it ends.
@@ -330,7 +333,9 @@ impl Task {
                 let result = self.unlock(target, mode).await;
                 let broken = matches!(
                     result,
-                    Err(SessionError::Closed(_) | SessionError::Unanswered(_))
+                    Err(SessionError::Closed(_)
+                        | SessionError::Unanswered(_)
+                        | SessionError::Pooled)
                 );
                 if let Some(reply) = reply {
                     let _ = reply.send(result);
@@ -356,11 +361,12 @@ impl Task {
         reply: oneshot::Sender<TryAnswer>,
     ) -> Result<(), Broken> {
         let statement = self.context.statements.try_lock(mode, target);
-        let query = sqlx::query_as::<_, (bool, Option<i64>)>(AssertSqlSafe(statement));
+        let query = sqlx::query_as::<_, (Option<bool>, Option<i64>)>(AssertSqlSafe(statement));
         let query = match target {
             LockTarget::BigInt(id) => query.bind(id),
             LockTarget::IntPair(a, b) => query.bind(a).bind(b),
-        };
+        }
+        .bind(self.conn.pid);
         let answer = bounded(
             &mut self.watchdog,
             self.context.statement_timeout,
@@ -380,6 +386,10 @@ impl Task {
                 let _ = reply.send(Err(err));
                 return Err(Broken);
             }
+        };
+        let Some(granted) = granted else {
+            let _ = reply.send(Err(SessionError::Pooled));
+            return Err(Broken);
         };
         if !granted {
             let _ = reply.send(Ok(None));
@@ -416,11 +426,12 @@ impl Task {
     }
 
     async fn unlock(&mut self, target: LockTarget, mode: LockMode) -> Result<bool, SessionError> {
-        let query = sqlx::query_scalar::<_, bool>(Statements::unlock(mode, target));
+        let query = sqlx::query_scalar::<_, Option<bool>>(Statements::unlock(mode, target));
         let query = match target {
             LockTarget::BigInt(id) => query.bind(id),
             LockTarget::IntPair(a, b) => query.bind(a).bind(b),
-        };
+        }
+        .bind(self.conn.pid);
         let answer = bounded(
             &mut self.watchdog,
             self.context.statement_timeout,
@@ -430,7 +441,7 @@ impl Task {
         // Whatever the server says, this session no longer holds the lock for us: either it
         // unlocked, or it did not hold it, or the session is about to close.
         self.shared.held.fetch_sub(1, Ordering::SeqCst);
-        self.settle(answer)
+        self.settle(answer)?.ok_or(SessionError::Pooled)
     }
 
     async fn mint(&mut self, target: LockTarget) -> Result<Option<i64>, SessionError> {

@@ -41,13 +41,22 @@ fn slot(mode: LockMode, target: LockTarget) -> usize {
     shared * 2 + pair
 }
 
-/// The arguments of a lock function for a target bound as `$1` (and `$2` for a pair), and
-/// the fencing row it mints in.
-fn bound_args(pair: bool) -> (&'static str, &'static str) {
+/// The arguments of a lock function for a target bound as `$1` (and `$2` for a pair), the
+/// fencing row it mints in, and the parameter that carries the session's backend pid.
+///
+/// Every statement on a session the manager set up runs its lock function only on the backend
+/// it expects (`CASE WHEN pg_backend_pid() = <pid>`): behind a transaction-pooling proxy a
+/// statement may land on another server session, where a session lock would be stranded. It
+/// answers NULL there, and nothing is taken.
+fn bound_args(pair: bool) -> (&'static str, &'static str, &'static str) {
     if pair {
-        ("$1, $2", "(($1::int8 << 32) | ($2::int8 & 4294967295))")
+        (
+            "$1, $2",
+            "(($1::int8 << 32) | ($2::int8 & 4294967295))",
+            "$3",
+        )
     } else {
-        ("$1", "$1")
+        ("$1", "$1", "$2")
     }
 }
 
@@ -59,11 +68,12 @@ impl Statements {
                 LockMode::Exclusive => "pg_try_advisory_lock",
                 LockMode::Shared => "pg_try_advisory_lock_shared",
             };
-            let (args, fence) = bound_args(pair);
+            let (args, fence, pid) = bound_args(pair);
+            let call = format!("CASE WHEN pg_backend_pid() = {pid} THEN {function}({args}) END");
             match &fencing {
-                None => format!("SELECT {function}({args}), NULL::int8"),
+                None => format!("SELECT {call}, NULL::int8"),
                 Some(table) => format!(
-                    "WITH l AS MATERIALIZED (SELECT {function}({args}) AS granted), m AS ({}) \
+                    "WITH l AS MATERIALIZED (SELECT {call} AS granted), m AS ({}) \
                      SELECT l.granted, (SELECT token FROM m) FROM l",
                     table.mint_if_granted("l", fence)
                 ),
@@ -91,13 +101,20 @@ impl Statements {
         self.mint.clone()
     }
 
+    /// Unlocks a target bound as for a try, on the expected backend only (NULL elsewhere).
     pub(crate) fn unlock(mode: LockMode, target: LockTarget) -> &'static str {
         match (mode, target) {
-            (LockMode::Exclusive, LockTarget::BigInt(_)) => "SELECT pg_advisory_unlock($1)",
-            (LockMode::Exclusive, LockTarget::IntPair(..)) => "SELECT pg_advisory_unlock($1, $2)",
-            (LockMode::Shared, LockTarget::BigInt(_)) => "SELECT pg_advisory_unlock_shared($1)",
+            (LockMode::Exclusive, LockTarget::BigInt(_)) => {
+                "SELECT CASE WHEN pg_backend_pid() = $2 THEN pg_advisory_unlock($1) END"
+            }
+            (LockMode::Exclusive, LockTarget::IntPair(..)) => {
+                "SELECT CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock($1, $2) END"
+            }
+            (LockMode::Shared, LockTarget::BigInt(_)) => {
+                "SELECT CASE WHEN pg_backend_pid() = $2 THEN pg_advisory_unlock_shared($1) END"
+            }
             (LockMode::Shared, LockTarget::IntPair(..)) => {
-                "SELECT pg_advisory_unlock_shared($1, $2)"
+                "SELECT CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock_shared($1, $2) END"
             }
         }
     }
@@ -132,8 +149,9 @@ impl Statements {
         target: LockTarget,
         mode: LockMode,
         timeout_ms: Option<u128>,
-        server_version: u32,
+        session: (i32, u32),
     ) -> String {
+        let (pid, server_version) = session;
         let mut sql = String::with_capacity(256);
         if server_version >= 140_000 {
             sql.push_str(&format!(
@@ -152,7 +170,8 @@ impl Statements {
             LockMode::Shared => "pg_advisory_lock_shared",
         };
         sql.push_str(&format!(
-            "SELECT pg_backend_pid(), {function}({})::text",
+            "SELECT pg_backend_pid(), \
+             CASE WHEN pg_backend_pid() = {pid} THEN {function}({})::text END",
             literal_args(target)
         ));
         if let Some(table) = &self.fencing {

@@ -105,9 +105,12 @@ impl PgBackend {
         req: &Request<'_>,
         timeout_ms: Option<u128>,
     ) -> std::result::Result<Option<i64>, WaitEnd> {
-        let sql = self
-            .statements
-            .wait(req.target, req.mode, timeout_ms, session.server_version());
+        let sql = self.statements.wait(
+            req.target,
+            req.mode,
+            timeout_ms,
+            (session.pid, session.server_version()),
+        );
         let waiting = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(session.conn());
         let answer = match timeout_ms {
             Some(ms) => {
@@ -123,22 +126,27 @@ impl PgBackend {
         };
         let fenced = self.statements.fencing.is_some();
         let parsed = answer.and_then(|rows| {
-            let pid = rows
-                .first()
-                .map(|row| row.try_get::<i32, _>(0))
-                .transpose()?;
+            let Some(row) = rows.first() else {
+                return Ok(Waited::NoRow);
+            };
+            // NULL: the message ran on another server session than the one set up (a
+            // transaction pooler), and took nothing.
+            if row.try_get::<Option<String>, _>(1)?.is_none() {
+                return Ok(Waited::Pooled);
+            }
             let token = match (fenced, rows.get(1)) {
                 (true, Some(row)) => Some(row.try_get::<i64, _>(0)?),
-                _ => None,
+                (true, None) => return Ok(Waited::NoRow),
+                (false, _) => None,
             };
-            Ok((pid, token))
+            Ok(Waited::Granted(token))
         });
         match parsed {
-            Ok((Some(pid), token)) if token.is_some() || !fenced => {
-                session.pid = pid;
-                Ok(token)
-            }
-            Ok(_) => Err(WaitEnd::Failed(connection_error(
+            Ok(Waited::Granted(token)) => Ok(token),
+            Ok(Waited::Pooled) => Err(WaitEnd::Failed(Error::TransactionPooling {
+                key: req.name(),
+            })),
+            Ok(Waited::NoRow) => Err(WaitEnd::Failed(connection_error(
                 &req.name(),
                 sqlx::Error::Protocol("the lock statement returned no row".into()),
             ))),
@@ -172,6 +180,13 @@ impl PgBackend {
         // The session still holds the lock: it stays dirty until unlocked.
         Ok(Some(token))
     }
+}
+
+/// What a wait message answered.
+enum Waited {
+    Granted(Option<i64>),
+    Pooled,
+    NoRow,
 }
 
 /// How one wait message ended without a grant.
