@@ -10,7 +10,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in `pglock`.
 ///
-/// Every variant carries the lock key it concerns, so a log line alone says which lock failed.
+/// Variants about one lock carry its key, so a log line alone says which lock failed;
+/// [`Error::key`] returns it when there is one.
 /// The enum is `#[non_exhaustive]`: match the variants you handle and keep a fallback arm.
 ///
 /// # What to do about each

@@ -30,10 +30,12 @@
 //!   locks other databases of the same server hold (or wait for) never conflict with these and
 //!   are left out.
 //! * **Single-`bigint` locks only** (`pg_advisory_lock(bigint)` and its shared, `try` and
-//!   transaction-scoped forms: `objsubid = 1` in `pg_locks`), the only form pglock takes. Locks
-//!   taken with the two-`int4` forms (`pg_advisory_lock(int4, int4)`, `objsubid = 2`) by other
-//!   software are skipped: they live in a separate lock space that never conflicts with
-//!   pglock's, even where their two halves equal a pglock lock's `classid` and `objid`.
+//!   transaction-scoped forms: `objsubid = 1` in `pg_locks`): the locks of names, ids and
+//!   sqlx-derived keys. Locks taken with the two-`int4` forms (`pg_advisory_lock(int4, int4)`,
+//!   `objsubid = 2`, pglock's [`LockKey::pair`](crate::LockKey::pair) keys among them) are not
+//!   listed yet; they live in a separate lock space that never conflicts with the first.
+//! * **Sessions, not tasks.** Waiters are server sessions, in the server's queue order; tasks
+//!   queued inside a manager behind their own process's holder or waiter are not listed.
 //! * Single-`bigint` locks of other software are listed (they share pglock's lock space, so a
 //!   colliding id does contend); their [`key`](LockReport::key) is `None` unless you name it.
 //!
@@ -179,7 +181,9 @@ impl Inspector {
 
     /// Every single-`bigint` advisory lock of the database that is held or awaited, ordered
     /// by `(classid, objid)`: one report per lock, its holders by [`since`](Session::since)
-    /// (earliest first), its waiters in queue order.
+    /// (earliest first), its waiters in the server's queue order. Tasks queued inside a
+    /// manager (behind their own process's holder or waiter) are not sessions and do not
+    /// appear: a process counts once, whatever the number of its tasks waiting for the key.
     ///
     /// # Errors
     ///
