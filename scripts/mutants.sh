@@ -22,7 +22,7 @@ fi
 TESTS=(conformance cancellation postgres lock_sessions keys errors fencing_tokens storm
        handoff lost_locks deadlines shared)
 TEST_ARGS=()
-for t in "${TESTS[@]}"; do TEST_ARGS+=(--cargo-test-arg=--test --cargo-test-arg="$t"); done
+for t in "${TESTS[@]}"; do TEST_ARGS+=(--cargo-arg=--test --cargo-arg="$t"); done
 
 exec cargo mutants \
   --file 'src/core/**' --file 'src/postgres/**' \
@@ -31,5 +31,5 @@ exec cargo mutants \
   --output target/mutants \
   "${TEST_ARGS[@]}" \
   "$@" \
-  -- --skip a_terminated_holder_is_reported_within_an_interval_every_time \
+  -- -- --skip a_terminated_holder_is_reported_within_an_interval_every_time \
      --skip a_wait_on_the_server_ends_within_a_round_trip_of_the_deadline

@@ -58,6 +58,7 @@ impl InMemoryLockManager {
             server: None,
             meter: Default::default(),
             hook: None,
+            defer_drops: false,
         }
     }
 
@@ -123,6 +124,7 @@ pub struct InMemoryLockManagerBuilder {
     server: Option<InMemoryLockServer>,
     meter: crate::metrics::MeterChoice,
     hook: Option<Hook>,
+    defer_drops: bool,
 }
 
 impl InMemoryLockManagerBuilder {
@@ -172,6 +174,15 @@ impl InMemoryLockManagerBuilder {
         self
     }
 
+    /// Makes every dropped guard release through the path taken when the registry is busy at
+    /// that moment (tests only).
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn defer_guard_drops(mut self) -> Self {
+        self.defer_drops = true;
+        self
+    }
+
     /// Builds the manager.
     pub fn build(self) -> InMemoryLockManager {
         let backend = MemoryBackend {
@@ -185,6 +196,7 @@ impl InMemoryLockManagerBuilder {
             holder_id: Some(holder_id),
             tracing: self.tracing,
             hook: self.hook,
+            defer_drops: self.defer_drops,
             handoff: Some(crate::core::HandoffLimits::DEFAULT),
         };
         InMemoryLockManager {

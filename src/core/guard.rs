@@ -92,7 +92,12 @@ impl<B: Backend> Drop for CoreGuard<B> {
         };
         // Forget the entry now when the registry is free, so `is_held` and
         // `held_lock_count` reflect the drop at once; the unlock itself runs on a task.
-        let forgotten = core.state.try_lock().ok().map(|mut state| {
+        let registry = if core.defer_drops {
+            None
+        } else {
+            core.state.try_lock().ok()
+        };
+        let forgotten = registry.map(|mut state| {
             let held = state.take_generation(&key, generation);
             core.set_held(state.held.len());
             held

@@ -203,6 +203,8 @@ pub(crate) struct Options {
     pub(crate) tracing: bool,
     pub(crate) hook: Option<Hook>,
     pub(crate) handoff: Option<HandoffLimits>,
+    /// Tests only: a dropped guard always takes the path used when the registry is busy.
+    pub(crate) defer_drops: bool,
 }
 
 /// When a holder releases while another task of the same manager waits for the key, the lock
@@ -234,6 +236,7 @@ pub(crate) struct Core<B: Backend> {
     tracing: bool,
     hook: Option<Hook>,
     handoff: Option<HandoffLimits>,
+    defer_drops: bool,
 }
 
 impl<B: Backend> Core<B> {
@@ -248,6 +251,7 @@ impl<B: Backend> Core<B> {
             tracing: options.tracing,
             hook: options.hook,
             handoff: options.handoff,
+            defer_drops: options.defer_drops,
         }
     }
 

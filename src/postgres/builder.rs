@@ -36,6 +36,7 @@ pub struct PostgresLockManagerBuilder {
     allow_standby: bool,
     meter: crate::metrics::MeterChoice,
     hook: Option<Hook>,
+    defer_drops: bool,
 }
 
 impl PostgresLockManagerBuilder {
@@ -57,6 +58,7 @@ impl PostgresLockManagerBuilder {
             allow_standby: false,
             meter: Default::default(),
             hook: None,
+            defer_drops: false,
         }
     }
 
@@ -234,6 +236,15 @@ impl PostgresLockManagerBuilder {
         self
     }
 
+    /// Makes every dropped guard release through the path taken when the registry is busy at
+    /// that moment (tests only).
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn defer_guard_drops(mut self) -> Self {
+        self.defer_drops = true;
+        self
+    }
+
     /// Builds the manager. Nothing touches the database yet.
     pub fn build(self) -> PostgresLockManager {
         let holder_id = self
@@ -287,6 +298,7 @@ impl PostgresLockManagerBuilder {
             holder_id: Some(holder_id),
             tracing: self.tracing,
             hook: self.hook,
+            defer_drops: self.defer_drops,
             handoff: self.handoff,
         };
         PostgresLockManager {
