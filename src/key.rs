@@ -136,12 +136,14 @@ pub struct LockKey {
     repr: Repr,
 }
 
+// Names are shared, not copied: a key is cloned into the registry, the guard and the lock info
+// of every acquisition.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Repr {
-    Name(String),
+    Name(std::sync::Arc<str>),
     Id(i64),
     Pair(i32, i32),
-    Sqlx(String),
+    Sqlx(std::sync::Arc<str>),
 }
 
 /// The PostgreSQL advisory lock a [`LockKey`] stands for: one of the two key spaces of
@@ -179,7 +181,7 @@ impl LockKey {
     /// A key named `name`, locked as `pg_advisory_lock(lock_id(name))`: the default.
     pub fn name(name: impl Into<String>) -> Self {
         LockKey {
-            repr: Repr::Name(name.into()),
+            repr: Repr::Name(name.into().into()),
         }
     }
 
@@ -212,7 +214,7 @@ impl LockKey {
     /// ```
     pub fn sqlx(name: impl Into<String>) -> Self {
         LockKey {
-            repr: Repr::Sqlx(name.into()),
+            repr: Repr::Sqlx(name.into().into()),
         }
     }
 
@@ -260,7 +262,9 @@ impl std::fmt::Display for LockKey {
 
 impl From<&str> for LockKey {
     fn from(name: &str) -> Self {
-        LockKey::name(name)
+        LockKey {
+            repr: Repr::Name(name.into()),
+        }
     }
 }
 

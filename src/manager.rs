@@ -200,7 +200,7 @@ pub trait LockManager: Send + Sync + fmt::Debug {
     /// # Ok(()) }
     /// ```
     async fn acquire(&self, key: &str, timeout: Option<Duration>) -> Result<LockGuard> {
-        self.acquire_key(&LockKey::name(key), LockMode::Exclusive, timeout)
+        self.acquire_key(&LockKey::from(key), LockMode::Exclusive, timeout)
             .await
     }
 
@@ -236,7 +236,7 @@ pub trait LockManager: Send + Sync + fmt::Debug {
     /// ```
     async fn try_acquire(&self, key: &str) -> Result<Option<LockInfo>> {
         let guard = self
-            .try_acquire_key(&LockKey::name(key), LockMode::Exclusive)
+            .try_acquire_key(&LockKey::from(key), LockMode::Exclusive)
             .await?;
         Ok(guard.map(LockGuard::leak))
     }
@@ -257,7 +257,7 @@ pub trait LockManager: Send + Sync + fmt::Debug {
     ///
     /// Cancel safe: if the future is dropped, the lock is either not taken or released.
     async fn acquire_shared(&self, key: &str, timeout: Option<Duration>) -> Result<LockGuard> {
-        self.acquire_key(&LockKey::name(key), LockMode::Shared, timeout)
+        self.acquire_key(&LockKey::from(key), LockMode::Shared, timeout)
             .await
     }
 
@@ -276,7 +276,7 @@ pub trait LockManager: Send + Sync + fmt::Debug {
     /// Cancel safe: if the future is dropped, the lock is either not taken or released.
     async fn try_acquire_shared(&self, key: &str) -> Result<Option<LockInfo>> {
         let guard = self
-            .try_acquire_key(&LockKey::name(key), LockMode::Shared)
+            .try_acquire_key(&LockKey::from(key), LockMode::Shared)
             .await?;
         Ok(guard.map(LockGuard::leak))
     }
@@ -297,7 +297,7 @@ pub trait LockManager: Send + Sync + fmt::Debug {
     /// Cancel safe: once the registry has forgotten the lock, it is released even if the
     /// future is dropped.
     async fn release(&self, key: &str) -> Result<()> {
-        self.release_key(&LockKey::name(key)).await
+        self.release_key(&LockKey::from(key)).await
     }
 
     /// True when this manager holds the key named `key`.
@@ -306,6 +306,6 @@ pub trait LockManager: Send + Sync + fmt::Debug {
     ///
     /// Cancel safe: it only reads.
     async fn is_held(&self, key: &str) -> bool {
-        self.is_key_held(&LockKey::name(key)).await
+        self.is_key_held(&LockKey::from(key)).await
     }
 }
