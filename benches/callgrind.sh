@@ -17,7 +17,7 @@
 # difference. The sessions column (the lib's sessions in pg_stat_activity at the end of each
 # run) shows whether the pool grew.
 #
-# Needs valgrind and a server (default: $BENCH_DSN, else the compare.py default DSN).
+# Needs valgrind and a server (default: $BENCH_DSN, else postgres://postgres:postgres@127.0.0.1:5432/bench).
 set -euo pipefail
 
 DSN="${BENCH_DSN:-postgres://postgres:postgres@127.0.0.1:5432/bench}"

@@ -1,6 +1,7 @@
-//! `cargo bench --bench lockbench -- [flags]`: pglock next to its floors, in the result shape of
-//! the shared advisory-lock benchmark harness (one JSON line per workload on stdout, logs on
-//! stderr, exit 1 when any correctness check failed). See `docs/benchmarks.md`.
+//! `cargo bench --bench lockbench -- [flags]`: pglock next to its floors (one JSON line per
+//! workload and library on stdout, logs on stderr, exit 1 when any correctness check failed).
+//! `benches/report.py` runs it several times and tabulates the results. See
+//! `docs/benchmarks.md`.
 
 #[path = "lockbench/cli.rs"]
 mod cli;

@@ -10,9 +10,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in `pglock`.
 ///
-/// Every variant about one lock carries its key ([`key`](Error::key) returns it), so a log line
-/// alone says which lock failed. The enum is `#[non_exhaustive]`: match the variants you handle
-/// and keep a fallback arm.
+/// Variants about one lock carry its key, so a log line alone says which lock failed;
+/// [`Error::key`] returns it when there is one.
+/// The enum is `#[non_exhaustive]`: match the variants you handle and keep a fallback arm.
 ///
 /// # What to do about each
 ///
@@ -23,8 +23,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// | [`PoolExhausted`](Error::PoolExhausted) | every pooled connection was busy until the deadline | give the lock manager room in the pool (see the manager's pool sizing), or a pool of its own |
 /// | [`PoolClosed`](Error::PoolClosed) | the pool was closed | the application is shutting down |
 /// | [`TooManyConnections`](Error::TooManyConnections) | the server refused a new connection: too many clients | lower the pools' sizes, or raise the server's `max_connections` |
+/// | [`TransactionPooling`](Error::TransactionPooling) | the pool goes through a transaction-pooling proxy | connect the lock pool directly or in session mode, or use transaction-scoped locks |
 /// | [`Standby`](Error::Standby) | the pool points at a standby | point the lock pool at the primary |
 /// | [`Connection`](Error::Connection) | no session could be opened or it broke | the database is unreachable; retry with backoff |
+/// | [`Reentrant`](Error::Reentrant) | the calling task already holds the key | release it first; only other tasks queue for a held key |
 /// | [`NotHeld`](Error::NotHeld) | `release` of a key this manager does not hold | a bookkeeping bug in the caller, or the lock was already released |
 /// | [`ReleaseFailed`](Error::ReleaseFailed) | the server did not confirm the unlock | nothing to undo: the session was closed, which frees the lock on the server |
 /// | [`LockLost`](Error::LockLost) | the lock was lost while held | work done under it may have overlapped another holder's; stop, and re-check before acting on its results (fencing tokens make this safe) |
@@ -34,6 +36,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// | [`InspectionFailed`](Error::InspectionFailed) | [`inspect`](crate::inspect) could not read the server's lock views | the database is unreachable, or the query was refused; retry later |
 /// | [`InvalidIdentifier`](Error::InvalidIdentifier) | a configured table, schema or column name is unusable | fix the configuration |
 /// | [`ElectionStopped`](Error::ElectionStopped) | a [`LeaderElection`](crate::LeaderElection) was asked to lead after it stopped | start a new election |
+/// | [`InvalidSchedule`](Error::InvalidSchedule) | a scheduled job's settings cannot work | fix the configuration |
+/// | [`JobStorage`](Error::JobStorage) | a scheduled job's table could not be created, read or written | the database is unreachable or refused; the next tick tries again |
+/// | [`JobOverran`](Error::JobOverran) | a scheduled job's body outlived its max hold and was cut off | raise the max hold, or make the job shorter; the window may run again |
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -52,6 +57,16 @@ pub enum Error {
         /// The driver error behind a [`AcquireFailure::Database`] reason.
         #[source]
         source: Option<sqlx::Error>,
+    },
+
+    /// The calling task asked for a key it holds already, which would wait for itself forever.
+    ///
+    /// Release the lock first, or pass the guard's [`LockInfo`](crate::LockInfo) to the code
+    /// that needs it. Other tasks asking for the key wait, within their deadline, as usual.
+    #[error("Lock '{key}' is already held by this task; waiting for it would never end")]
+    Reentrant {
+        /// The key that was requested.
+        key: String,
     },
 
     /// A release named a key this manager does not hold.
@@ -110,6 +125,24 @@ pub enum Error {
          taken there exclude nothing on the primary. Point the lock pool at the primary."
     )]
     Standby {
+        /// The key that was requested.
+        key: String,
+    },
+
+    /// The pool's connections go through a transaction-pooling proxy (such as PgBouncer with
+    /// `pool_mode = transaction`): consecutive statements of one connection ran on different
+    /// server sessions. Nothing was taken.
+    ///
+    /// A session advisory lock belongs to the server session that took it, so it cannot work
+    /// through such a proxy. Point the lock manager's pool at PostgreSQL directly or at a
+    /// session-pooling proxy, or use transaction-scoped locks on your own transactions.
+    #[error(
+        "Failed to acquire lock '{key}': the connection's statements run on different server \
+         sessions (a transaction-pooling proxy such as PgBouncer in transaction mode); session \
+         locks need a session of their own. Connect the lock pool directly or in session \
+         pooling mode, or use transaction-scoped locks."
+    )]
+    TransactionPooling {
         /// The key that was requested.
         key: String,
     },
@@ -230,6 +263,38 @@ pub enum Error {
         source: sqlx::Error,
     },
 
+    /// A [`ScheduledJob`](crate::schedule::ScheduledJob) was configured with settings that
+    /// cannot work (see [`build`](crate::schedule::ScheduledJobBuilder::build)).
+    #[error("Invalid schedule for job '{job}': {reason}")]
+    InvalidSchedule {
+        /// The job's name, as given.
+        job: String,
+        /// What is wrong, with the values involved.
+        reason: String,
+    },
+
+    /// A scheduled job's table could not be created, read or written.
+    #[error("Scheduled job '{job}' could not {operation}: {source}")]
+    JobStorage {
+        /// The job's name.
+        job: String,
+        /// What was being done, such as `claim a window`.
+        operation: &'static str,
+        /// The driver error.
+        #[source]
+        source: sqlx::Error,
+    },
+
+    /// A scheduled job's body ran for its whole max hold and was cut off (its future
+    /// dropped). The window did not complete and may run again.
+    #[error("Scheduled job '{job}' was cut off after its max hold of {max_hold:?}")]
+    JobOverran {
+        /// The job's name.
+        job: String,
+        /// The max hold it ran for.
+        max_hold: Duration,
+    },
+
     /// A [`LeaderElection`](crate::LeaderElection) was asked to lead after it stopped
     /// campaigning, or stopped while its leader work ran: it resigned, or its campaign ended
     /// with the runtime.
@@ -241,20 +306,21 @@ pub enum Error {
 }
 
 impl Error {
-    /// The lock key this error concerns: every variant about one lock has one;
-    /// [`InvalidIdentifier`](Error::InvalidIdentifier) and the fenced-row variants
-    /// ([`StaleFencingToken`](Error::StaleFencingToken), [`FenceNotRaised`](Error::FenceNotRaised),
-    /// [`FencedRowNotFound`](Error::FencedRowNotFound), [`FencingFailed`](Error::FencingFailed)),
-    /// which concern a configuration or a row, have none; and
-    /// [`InspectionFailed`](Error::InspectionFailed) one when a single key was inspected.
+    /// The lock key this error concerns: every variant about one lock has one. The variants
+    /// about a configuration, a fenced row or a scheduled job's record
+    /// ([`InvalidIdentifier`](Error::InvalidIdentifier), the fencing and the job variants)
+    /// have none, and [`InspectionFailed`](Error::InspectionFailed) one when a single key was
+    /// inspected.
     pub fn key(&self) -> Option<&str> {
         match self {
             Error::AcquisitionFailed { key, .. }
             | Error::NotHeld { key }
+            | Error::Reentrant { key }
             | Error::PoolExhausted { key, .. }
             | Error::PoolClosed { key }
             | Error::TooManyConnections { key, .. }
             | Error::Standby { key }
+            | Error::TransactionPooling { key }
             | Error::Connection { key, .. }
             | Error::ReleaseFailed { key, .. }
             | Error::LockLost { key, .. }
@@ -263,7 +329,10 @@ impl Error {
             | Error::StaleFencingToken { .. }
             | Error::FenceNotRaised { .. }
             | Error::FencedRowNotFound { .. }
-            | Error::FencingFailed { .. } => None,
+            | Error::FencingFailed { .. }
+            | Error::InvalidSchedule { .. }
+            | Error::JobStorage { .. }
+            | Error::JobOverran { .. } => None,
             Error::InspectionFailed { key, .. } => key.as_deref(),
         }
     }
@@ -335,6 +404,10 @@ pub enum ReleaseFailure {
     /// The session holding the lock had already closed (its connection broke, or an earlier
     /// statement on it went unanswered), which frees the lock on the server.
     SessionClosed,
+    /// The unlock ran on another server session than the lock's: the connection goes through a
+    /// transaction-pooling proxy, and the lock stays with the proxy's server session until that
+    /// session ends.
+    TransactionPooling,
 }
 
 impl fmt::Display for ReleaseFailure {
@@ -348,6 +421,10 @@ impl fmt::Display for ReleaseFailure {
                 write!(f, "no answer to the unlock within {}s", python_float(t))
             }
             ReleaseFailure::SessionClosed => f.write_str("the session holding the lock had closed"),
+            ReleaseFailure::TransactionPooling => f.write_str(
+                "the unlock ran on another server session (a transaction-pooling proxy); the lock \
+                 stays with the proxy's session until it ends",
+            ),
         }
     }
 }

@@ -16,8 +16,9 @@ use crate::{LockInfo, LossCause, LossSignal, Result};
 /// 2. **Drop**: the guard starts the release in the background. It is *not* immediate: the
 ///    manager forgets the lock at once, but the unlock statement runs on a spawned task. Until it
 ///    has, other holders cannot take the lock and the same manager queues new acquisitions of
-///    the key behind it. If the guard is dropped outside a Tokio runtime, the pinned session is
-///    closed instead, which makes the server free the lock.
+///    the key behind it. If the guard is dropped outside a Tokio runtime, the unlock is queued on
+///    the lock's session (or, for a lock held on a session of its own, that session is closed),
+///    and the server frees the lock either way.
 /// 3. [`leak`](LockGuard::leak): keep the lock held after the guard is gone and hand it to the
 ///    manager's registry, where [`LockManager::release`](crate::LockManager::release) or
 ///    [`LockManager::release_all`](crate::LockManager::release_all) can release it later.

@@ -2,7 +2,9 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::key::lock_id;
+use crate::LockKey;
+#[cfg(doc)]
+use crate::lock_id;
 
 /// A description of one held lock.
 ///
@@ -13,9 +15,14 @@ use crate::key::lock_id;
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockInfo {
-    /// The key that was acquired, exactly as given.
+    /// The key that was acquired, as text: a name exactly as given, or the display form of
+    /// another kind of key (see [`LockKey`]'s `Display`).
     pub key: String,
-    /// The PostgreSQL advisory lock id derived from the key with [`lock_id`].
+    /// The key itself; pass it to [`LockManager::release_key`](crate::LockManager::release_key)
+    /// to release a key that is not a name.
+    pub lock_key: LockKey,
+    /// The PostgreSQL advisory lock id: for a name, the id derived with [`lock_id`]; for a pair
+    /// key, the pair packed into one number (see [`LockTarget::packed`](crate::LockTarget::packed)).
     pub lock_id: i64,
     /// When the lock was granted, by the client's clock, in UTC.
     pub acquired_at: DateTime<Utc>,
@@ -62,10 +69,15 @@ impl std::fmt::Display for LockMode {
 impl LockInfo {
     /// Describes `key`, acquired now by `holder_id`, with its lock id derived from the key.
     pub fn new(key: impl Into<String>, holder_id: Option<String>) -> Self {
-        let key = key.into();
+        Self::for_key(&LockKey::name(key), holder_id)
+    }
+
+    /// Describes any kind of `key`, acquired now by `holder_id`.
+    pub fn for_key(key: &LockKey, holder_id: Option<String>) -> Self {
         LockInfo {
-            lock_id: lock_id(&key),
-            key,
+            lock_id: key.target().packed(),
+            key: key.to_string(),
+            lock_key: key.clone(),
             acquired_at: Utc::now(),
             holder_id,
             fencing_token: None,
@@ -81,13 +93,14 @@ impl LockInfo {
 
     /// Describes `key` with a lock id already derived from it.
     pub(crate) fn from_parts(
-        key: &str,
+        key: &LockKey,
         lock_id: i64,
         holder_id: Option<String>,
         mode: LockMode,
     ) -> Self {
         LockInfo {
-            key: key.to_owned(),
+            key: key.to_string(),
+            lock_key: key.clone(),
             lock_id,
             acquired_at: Utc::now(),
             holder_id,

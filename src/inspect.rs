@@ -30,10 +30,12 @@
 //!   locks other databases of the same server hold (or wait for) never conflict with these and
 //!   are left out.
 //! * **Single-`bigint` locks only** (`pg_advisory_lock(bigint)` and its shared, `try` and
-//!   transaction-scoped forms: `objsubid = 1` in `pg_locks`), the only form pglock takes. Locks
-//!   taken with the two-`int4` forms (`pg_advisory_lock(int4, int4)`, `objsubid = 2`) by other
-//!   software are skipped: they live in a separate lock space that never conflicts with
-//!   pglock's, even where their two halves equal a pglock lock's `classid` and `objid`.
+//!   transaction-scoped forms: `objsubid = 1` in `pg_locks`): the locks of names, ids and
+//!   sqlx-derived keys. Locks taken with the two-`int4` forms (`pg_advisory_lock(int4, int4)`,
+//!   `objsubid = 2`, pglock's [`LockKey::pair`](crate::LockKey::pair) keys among them) are not
+//!   listed yet; they live in a separate lock space that never conflicts with the first.
+//! * **Sessions, not tasks.** Waiters are server sessions, in the server's queue order; tasks
+//!   queued inside a manager behind their own process's holder or waiter are not listed.
 //! * Single-`bigint` locks of other software are listed (they share pglock's lock space, so a
 //!   colliding id does contend); their [`key`](LockReport::key) is `None` unless you name it.
 //!
@@ -68,13 +70,14 @@
 //! * **A holder** has no grant time: `pg_locks` does not record one. The inspector uses
 //!   `pg_stat_activity.state_change` of a holder that is `idle` (or `idle in transaction`): the
 //!   moment its last statement finished. The lock was granted by that statement or an earlier
-//!   one, so this is a **lower bound** on how long the lock has been held. For pglock's pinned
-//!   sessions it is the grant itself, to within the lock statement's completion: a pinned
-//!   session runs nothing while it holds its lock, except the token-minting statement of an
-//!   in-process handoff when fencing is on, from which the count then restarts. (An in-process
-//!   handoff without fencing runs no statement; the count is then the session's whole hold, over
-//!   every task it was handed to.) A holder that is running a statement (`active`) may have
-//!   been granted the lock by that very statement, so no bound is known: `since` is `None`.
+//!   one, so this is a **lower bound** on how long the lock has been held. For a lock that
+//!   pglock waited for (held on a session of its own) it is the grant itself, to within the
+//!   lock statement's completion, except after the token-minting statement of an in-process
+//!   handoff when fencing is on, from which the count restarts. A pglock lock session carries
+//!   many locks and runs a statement for each acquisition and release, so for its locks the
+//!   bound is the end of the session's latest statement, which may be much later than the
+//!   grant. A holder that is running a statement (`active`) may have been granted the lock by
+//!   that very statement, so no bound is known: `since` is `None`.
 //!
 //! # Privileges
 //!
@@ -178,7 +181,9 @@ impl Inspector {
 
     /// Every single-`bigint` advisory lock of the database that is held or awaited, ordered
     /// by `(classid, objid)`: one report per lock, its holders by [`since`](Session::since)
-    /// (earliest first), its waiters in queue order.
+    /// (earliest first), its waiters in the server's queue order. Tasks queued inside a
+    /// manager (behind their own process's holder or waiter) are not sessions and do not
+    /// appear: a process counts once, whatever the number of its tasks waiting for the key.
     ///
     /// # Errors
     ///

@@ -9,7 +9,7 @@
 //! | item | what it is |
 //! | --- | --- |
 //! | [`LockManager`] | The port: the contract every lock manager fulfils, usable generically or as `Arc<dyn LockManager>`. |
-//! | [`PostgresLockManager`] | Session advisory locks, each held on its own pinned connection from your [`sqlx::PgPool`]. |
+//! | [`PostgresLockManager`] | Session advisory locks on a few long-lived connections of your [`sqlx::PgPool`], each carrying any number of locks. |
 //! | [`InMemoryLockManager`] | The same contract inside one process, for your unit tests. |
 //! | [`LockManagerExt`] | Conveniences for every manager: [`with_lock`](LockManagerExt::with_lock). |
 //! | [`LockGuard`] | Proof that a lock is held; release it with [`LockGuard::release`], or drop it; [`LockGuard::lost`] says when it is gone. |
@@ -22,6 +22,7 @@
 //! | [`Error`], [`Result`] | The one error type of the crate. |
 //! | [`telemetry`] | Span, field and metric names. |
 //! | [`inspect`] | Who holds and who waits for each advisory lock, read from `pg_locks` and `pg_stat_activity`. |
+//! | [`schedule`], [`ScheduledJob`] | Run a job at most once per time window across every process (ShedLock's `lockAtLeastFor` / `lockAtMostFor`), with its record in PostgreSQL. |
 //! | `testing` (feature) | The conformance suite for any [`LockManager`] and a throwaway PostgreSQL server for tests. |
 //!
 //! # Example
@@ -50,8 +51,8 @@
 //! | feature | default | enables |
 //! | --- | --- | --- |
 //! | `testing` | no | [`testing`]: the conformance suite and a throwaway PostgreSQL server for tests. |
-//! | `metrics` | no | OpenTelemetry metrics (see [`telemetry::metrics`]); builders gain a `meter` method. |
-//! | `cli` | no | The `pglock` command: `pglock id <KEY>` (a key's lock id) and `pglock holders [KEY]` (an [`inspect`] report). |
+//! | `metrics` | no | OpenTelemetry metrics (see [`telemetry::metrics`]); builders gain `meter` and `metrics_holder_id` methods. |
+//! | `cli` | no | The `pglock` command: `id` (a key's lock id), `holders` (an [`inspect`] report, filtered, watched, with an exit status that says held or free), `run` (a command under a lock, like `flock`) and `terminate` (end a stuck holder). |
 //!
 //! # Guarantees, briefly
 //!
@@ -99,6 +100,7 @@ mod manager;
 mod memory;
 mod metrics;
 mod postgres;
+pub mod schedule;
 pub mod telemetry;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
@@ -110,14 +112,15 @@ pub use crate::fence::RowFence;
 pub use crate::guard::{GuardBackend, LockGuard};
 pub use crate::info::{LockInfo, LockMode};
 pub use crate::key::{
-    CUTOVER_OPERATION, MIGRATION_OPERATION, lock_id, migration_key, migration_lock_key,
-    split_lock_id,
+    CUTOVER_OPERATION, LockKey, LockTarget, MIGRATION_OPERATION, lock_id, migration_key,
+    migration_lock_key, split_lock_id,
 };
 pub use crate::leader::{LeaderElection, LeaderElectionBuilder, Leadership};
 pub use crate::loss::{LossCause, LossSignal};
 pub use crate::manager::LockManager;
 pub use crate::memory::{InMemoryLockManager, InMemoryLockManagerBuilder, InMemoryLockServer};
 pub use crate::postgres::{FencingTable, PostgresLockManager, PostgresLockManagerBuilder};
+pub use crate::schedule::ScheduledJob;
 
 // The Rust snippets of the README and the guide are compiled as doc tests.
 #[cfg(doctest)]

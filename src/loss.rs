@@ -26,6 +26,30 @@ pub enum LossCause {
     Simulated,
 }
 
+impl LossCause {
+    /// A stable, machine-readable name of the cause: `not_on_server`, `unverifiable` or
+    /// `simulated`. It is the `pglock.cause` label of the lost-lock metric, fit for alert rules
+    /// and dashboards, and never changes for a cause; `Display` gives the English sentence
+    /// instead.
+    ///
+    /// ```
+    /// use pglock::LossCause;
+    ///
+    /// assert_eq!(LossCause::NotOnServer.as_str(), "not_on_server");
+    /// assert_eq!(
+    ///     LossCause::NotOnServer.to_string(),
+    ///     "the server no longer holds it for this session",
+    /// );
+    /// ```
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            LossCause::NotOnServer => "not_on_server",
+            LossCause::Unverifiable => "unverifiable",
+            LossCause::Simulated => "simulated",
+        }
+    }
+}
+
 impl fmt::Display for LossCause {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

@@ -7,7 +7,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::timeout_at;
 
 use crate::core::{Backend, Core, Hook, Options, Request, Slots, delegate_lock_manager};
-use crate::{Error, LockMode, LossCause, Result};
+use crate::{Error, LockKey, LockMode, LockTarget, LossCause, Result};
 
 /// A [`LockManager`](crate::LockManager) that lives inside one process, for unit tests.
 ///
@@ -58,6 +58,7 @@ impl InMemoryLockManager {
             server: None,
             meter: Default::default(),
             hook: None,
+            defer_drops: false,
         }
     }
 
@@ -91,8 +92,10 @@ impl InMemoryLockManager {
     /// # Cancel safety
     ///
     /// Cancel safe: if the future is dropped, the lock is either untouched or fully lost.
-    pub async fn simulate_loss(&self, key: &str) -> bool {
-        self.core.declare_key_lost(key, LossCause::Simulated).await
+    pub async fn simulate_loss(&self, key: impl Into<LockKey>) -> bool {
+        self.core
+            .declare_key_lost(&key.into(), LossCause::Simulated)
+            .await
     }
 }
 
@@ -121,6 +124,7 @@ pub struct InMemoryLockManagerBuilder {
     server: Option<InMemoryLockServer>,
     meter: crate::metrics::MeterChoice,
     hook: Option<Hook>,
+    defer_drops: bool,
 }
 
 impl InMemoryLockManagerBuilder {
@@ -148,7 +152,17 @@ impl InMemoryLockManagerBuilder {
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn meter(mut self, meter: opentelemetry::metrics::Meter) -> Self {
-        self.meter = Some(meter);
+        self.meter.meter = Some(meter);
+        self
+    }
+
+    /// Puts the holder id on every metric series as the `pglock.holder_id` attribute. Turn it
+    /// on only when holder ids are few and stable: each distinct id is a new set of series
+    /// (see [`telemetry::metrics`](crate::telemetry::metrics#cardinality)). Default: off.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn metrics_holder_id(mut self, enabled: bool) -> Self {
+        self.meter.holder_id = enabled;
         self
     }
 
@@ -157,6 +171,15 @@ impl InMemoryLockManagerBuilder {
     #[doc(hidden)]
     pub fn stage_hook(mut self, hook: crate::testing::StageHook) -> Self {
         self.hook = Some(hook);
+        self
+    }
+
+    /// Makes every dropped guard release through the path taken when the registry is busy at
+    /// that moment (tests only).
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn defer_guard_drops(mut self) -> Self {
+        self.defer_drops = true;
         self
     }
 
@@ -173,6 +196,7 @@ impl InMemoryLockManagerBuilder {
             holder_id: Some(holder_id),
             tracing: self.tracing,
             hook: self.hook,
+            defer_drops: self.defer_drops,
             handoff: Some(crate::core::HandoffLimits::DEFAULT),
         };
         InMemoryLockManager {
@@ -193,10 +217,10 @@ impl fmt::Debug for InMemoryLockManagerBuilder {
 /// The shared state that [`InMemoryLockManager`]s contend on, standing in for a database.
 ///
 /// Cloning it gives another handle to the same server. Locks are keyed by
-/// [`lock_id`](crate::lock_id), as on PostgreSQL.
+/// their [`LockTarget`](crate::LockTarget), as on PostgreSQL.
 #[derive(Clone)]
 pub struct InMemoryLockServer {
-    locks: Arc<Mutex<Slots<i64, tokio::sync::Semaphore>>>,
+    locks: Arc<Mutex<Slots<LockTarget, tokio::sync::Semaphore>>>,
     /// The last fencing token minted per lock id; never reset, so tokens only grow.
     fences: Arc<Mutex<std::collections::HashMap<i64, i64>>>,
 }
@@ -219,11 +243,11 @@ impl InMemoryLockServer {
         *token
     }
 
-    fn slot(&self, lock_id: i64) -> Arc<tokio::sync::Semaphore> {
+    fn slot(&self, target: LockTarget) -> Arc<tokio::sync::Semaphore> {
         self.locks
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(&lock_id)
+            .get(&target)
     }
 }
 
@@ -259,15 +283,15 @@ impl Backend for MemoryBackend {
     type Session = OwnedSemaphorePermit;
 
     async fn lock(&self, req: &Request<'_>) -> Result<(Self::Session, Option<i64>)> {
-        let slot = self.server.slot(req.lock_id);
+        let slot = self.server.slot(req.target);
         let n = permits(req.mode);
         let permit = match (req.timeout, req.deadline) {
             (Some(timeout), _) if timeout.is_zero() => slot
                 .try_acquire_many_owned(n)
-                .map_err(|_| Error::timeout(req.key, timeout))?,
+                .map_err(|_| Error::timeout(&req.name(), timeout))?,
             (Some(timeout), Some(deadline)) => timeout_at(deadline, slot.acquire_many_owned(n))
                 .await
-                .map_err(|_| Error::timeout(req.key, timeout))?
+                .map_err(|_| Error::timeout(&req.name(), timeout))?
                 .expect("lock semaphores are never closed"),
             _ => slot
                 .acquire_many_owned(n)
@@ -278,7 +302,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn try_lock(&self, req: &Request<'_>) -> Result<Option<(Self::Session, Option<i64>)>> {
-        let slot = self.server.slot(req.lock_id);
+        let slot = self.server.slot(req.target);
         Ok(slot
             .try_acquire_many_owned(permits(req.mode))
             .ok()
@@ -295,8 +319,8 @@ impl Backend for MemoryBackend {
 
     async fn unlock(
         &self,
-        _key: &str,
-        _lock_id: i64,
+        _key: &LockKey,
+        _target: LockTarget,
         _mode: LockMode,
         session: Self::Session,
     ) -> Result<()> {

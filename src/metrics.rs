@@ -18,13 +18,19 @@ struct Instruments {
     acquisitions: opentelemetry::metrics::Counter<u64>,
     held: opentelemetry::metrics::UpDownCounter<i64>,
     lost: opentelemetry::metrics::Counter<u64>,
-    holder: opentelemetry::KeyValue,
+    hold: opentelemetry::metrics::Histogram<f64>,
+    /// Only when the builder opted in: every distinct holder id is a new series.
+    holder: Option<opentelemetry::KeyValue>,
 }
 
-/// What a builder was given to record metrics with: a meter (or none, for the global one), or
-/// nothing at all without the `metrics` feature.
+/// What a builder was told about metrics: which meter (none: the global one), and whether to
+/// put the holder id on every series. Nothing at all without the `metrics` feature.
 #[cfg(feature = "metrics")]
-pub(crate) type MeterChoice = Option<opentelemetry::metrics::Meter>;
+#[derive(Default)]
+pub(crate) struct MeterChoice {
+    pub(crate) meter: Option<opentelemetry::metrics::Meter>,
+    pub(crate) holder_id: bool,
+}
 #[cfg(not(feature = "metrics"))]
 pub(crate) type MeterChoice = NoMeter;
 
@@ -33,14 +39,24 @@ pub(crate) type MeterChoice = NoMeter;
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct NoMeter;
 
+/// Bucket bounds, in seconds, of both duration histograms. The SDK's default bounds (0 to
+/// 10 000) are made for milliseconds: in seconds every short wait would land in one bucket.
+#[cfg(feature = "metrics")]
+const SECONDS_BUCKETS: [f64; 19] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 300.0, 900.0, 3600.0,
+];
+
 impl Metrics {
     /// The instruments of a manager whose holder id is `holder_id`.
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-    pub(crate) fn build(meter: MeterChoice, holder_id: &str) -> Self {
+    pub(crate) fn build(choice: MeterChoice, holder_id: &str) -> Self {
         #[cfg(feature = "metrics")]
         return Self::new(
-            &meter.unwrap_or_else(|| opentelemetry::global::meter("pglock")),
-            Some(holder_id),
+            &choice
+                .meter
+                .unwrap_or_else(|| opentelemetry::global::meter("pglock")),
+            choice.holder_id.then_some(holder_id),
         );
         #[cfg(not(feature = "metrics"))]
         Self::default()
@@ -54,6 +70,7 @@ impl Metrics {
                 .f64_histogram(names::ACQUIRE_WAIT)
                 .with_unit("s")
                 .with_description("Time spent waiting in acquire / try_acquire, by outcome")
+                .with_boundaries(SECONDS_BUCKETS.to_vec())
                 .build(),
             acquisitions: meter
                 .u64_counter(names::ACQUISITIONS)
@@ -67,10 +84,14 @@ impl Metrics {
                 .u64_counter(names::LOST)
                 .with_description("Held locks declared lost, by cause")
                 .build(),
-            holder: opentelemetry::KeyValue::new(
-                crate::telemetry::HOLDER_ID,
-                holder_id.unwrap_or_default().to_owned(),
-            ),
+            hold: meter
+                .f64_histogram(names::HOLD_DURATION)
+                .with_unit("s")
+                .with_description("How long locks were held, from the grant to the release")
+                .with_boundaries(SECONDS_BUCKETS.to_vec())
+                .build(),
+            holder: holder_id
+                .map(|id| opentelemetry::KeyValue::new(crate::telemetry::HOLDER_ID, id.to_owned())),
         };
         Metrics {
             instruments: Some(std::sync::Arc::new(instruments)),
@@ -89,12 +110,11 @@ impl Metrics {
         #[cfg(feature = "metrics")]
         if let Some(m) = &self.instruments {
             use opentelemetry::KeyValue;
-            let attributes = [
+            let attributes = m.with_holder([
                 KeyValue::new(crate::telemetry::metrics::OPERATION, operation),
                 KeyValue::new(crate::telemetry::MODE, mode.as_str()),
                 KeyValue::new(crate::telemetry::OUTCOME, outcome),
-                m.holder.clone(),
-            ];
+            ]);
             m.wait.record(waited.as_secs_f64(), &attributes);
             m.acquisitions.add(1, &attributes);
         }
@@ -105,7 +125,7 @@ impl Metrics {
     pub(crate) fn held(&self, delta: i64) {
         #[cfg(feature = "metrics")]
         if let Some(m) = self.instruments.as_ref().filter(|_| delta != 0) {
-            m.held.add(delta, std::slice::from_ref(&m.holder));
+            m.held.add(delta, &m.with_holder([]));
         }
     }
 
@@ -114,8 +134,32 @@ impl Metrics {
     pub(crate) fn lost(&self, cause: &LossCause) {
         #[cfg(feature = "metrics")]
         if let Some(m) = &self.instruments {
-            let cause = opentelemetry::KeyValue::new(crate::telemetry::CAUSE, cause.to_string());
-            m.lost.add(1, &[cause, m.holder.clone()]);
+            let cause = opentelemetry::KeyValue::new(crate::telemetry::CAUSE, cause.as_str());
+            m.lost.add(1, &m.with_holder([cause]));
         }
+    }
+
+    /// A lock held for `held` was let go: released, or handed to the next task.
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn hold_time(&self, mode: LockMode, held: Duration) {
+        #[cfg(feature = "metrics")]
+        if let Some(m) = &self.instruments {
+            let mode = opentelemetry::KeyValue::new(crate::telemetry::MODE, mode.as_str());
+            m.hold.record(held.as_secs_f64(), &m.with_holder([mode]));
+        }
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl Instruments {
+    /// `attributes`, plus the holder id when it was opted in.
+    fn with_holder<const N: usize>(
+        &self,
+        attributes: [opentelemetry::KeyValue; N],
+    ) -> Vec<opentelemetry::KeyValue> {
+        let mut all = Vec::with_capacity(N + 1);
+        all.extend(attributes);
+        all.extend(self.holder.iter().cloned());
+        all
     }
 }

@@ -32,7 +32,8 @@ pub const KEY: &str = "pglock.key";
 pub const LOCK_ID: &str = "pglock.lock_id";
 /// Field: the requested timeout in milliseconds; not recorded when the wait is unbounded.
 pub const TIMEOUT_MS: &str = "pglock.timeout_ms";
-/// Field: the manager's holder id, when it has one.
+/// Field: the manager's holder id, when it has one. On spans always; on metrics only when the
+/// builder opted in (see [`metrics`](self::metrics#cardinality)).
 pub const HOLDER_ID: &str = "pglock.holder_id";
 /// Field: how the call ended; one of the [`outcome`] values.
 pub const OUTCOME: &str = "pglock.outcome";
@@ -40,7 +41,10 @@ pub const OUTCOME: &str = "pglock.outcome";
 pub const WAITED_MS: &str = "pglock.waited_ms";
 /// Field: the lock mode, `exclusive` or `shared` ([`LockMode::as_str`](crate::LockMode::as_str)).
 pub const MODE: &str = "pglock.mode";
-/// Field: why a lock was declared lost ([`LossCause`](crate::LossCause), as text).
+/// Field: why a lock was declared lost. Spans carry the [`LossCause`](crate::LossCause) as its
+/// English sentence (its `Display`); metrics carry its stable label,
+/// [`LossCause::as_str`](crate::LossCause::as_str) (`not_on_server`, `unverifiable`,
+/// `simulated`).
 pub const CAUSE: &str = "pglock.cause";
 /// Field: what started a release; one of the [`via`] values.
 pub const RELEASE_VIA: &str = "pglock.release_via";
@@ -86,18 +90,43 @@ pub mod via {
 ///
 /// | instrument | kind | unit | attributes |
 /// | --- | --- | --- | --- |
-/// | [`ACQUIRE_WAIT`](metrics::ACQUIRE_WAIT) | histogram | s | [`OPERATION`](metrics::OPERATION), [`MODE`], [`OUTCOME`], [`HOLDER_ID`] |
+/// | [`ACQUIRE_WAIT`](metrics::ACQUIRE_WAIT) | histogram | s | [`OPERATION`](metrics::OPERATION), [`MODE`], [`OUTCOME`] |
 /// | [`ACQUISITIONS`](metrics::ACQUISITIONS) | counter | | the same |
-/// | [`HELD`](metrics::HELD) | up-down counter (a gauge of locks held) | | [`HOLDER_ID`] |
-/// | [`LOST`](metrics::LOST) | counter | | [`CAUSE`], [`HOLDER_ID`] |
+/// | [`HOLD_DURATION`](metrics::HOLD_DURATION) | histogram | s | [`MODE`] |
+/// | [`HELD`](metrics::HELD) | up-down counter (a gauge of locks held) | | none |
+/// | [`LOST`](metrics::LOST) | counter | | [`CAUSE`] |
 ///
 /// The managers record through the meter given to their builders' `meter` method, or through
 /// `opentelemetry::global::meter("pglock")`, so installing a global `MeterProvider` is enough.
+///
+/// # Cardinality
+///
+/// Every attribute value comes from a short fixed list, so a manager produces a bounded number
+/// of series whatever its keys and holders: keys are never attributes, and [`CAUSE`] is
+/// [`LossCause::as_str`](crate::LossCause::as_str), a stable machine-readable label, never a
+/// sentence. The holder id is left out by default: the generated one is unique per process and
+/// per manager, so with it every restart and every replica would open new series. Opt in with
+/// the builders' `metrics_holder_id(true)` when your holder ids are few and stable (pod names
+/// of a fixed set, say); every series then also carries [`HOLDER_ID`].
+///
+/// # Hold time
+///
+/// [`HOLD_DURATION`](metrics::HOLD_DURATION) records, for every acquisition let go through a
+/// release (of a guard, by key, by `release_all`, or of a dropped guard), the time from its
+/// grant to the release. A lock handed straight to another task of the same manager counts as
+/// released by the first task and granted to the next. Locks declared lost are counted by
+/// [`LOST`](metrics::LOST) instead and are not in the histogram.
+///
+/// Both histograms are in seconds, with bucket bounds from 0.5 ms to one hour (0.0005, 0.001,
+/// 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600).
+/// A view in your `MeterProvider` can replace them.
 pub mod metrics {
     /// Histogram of the time acquisitions spent waiting, in seconds.
     pub const ACQUIRE_WAIT: &str = "pglock.acquire.wait";
     /// Counter of acquisition attempts.
     pub const ACQUISITIONS: &str = "pglock.acquisitions";
+    /// Histogram of how long locks were held, from grant to release, in seconds.
+    pub const HOLD_DURATION: &str = "pglock.hold.duration";
     /// Up-down counter of the locks held now.
     pub const HELD: &str = "pglock.locks.held";
     /// Counter of held locks declared lost.
@@ -147,5 +176,43 @@ pub mod leader {
         /// The lock was released through the manager (`release` or `release_all`), not by
         /// the election.
         pub const RELEASED_ELSEWHERE: &str = "released_elsewhere";
+    }
+}
+
+/// Names of the span and fields emitted by [`ScheduledJob::run`](crate::schedule::ScheduledJob::run).
+///
+/// | span | covers | fields |
+/// | --- | --- | --- |
+/// | [`RUN_SPAN`](job::RUN_SPAN) | one call of `run`: the check, the claim, the body, the record | [`JOB`](job::JOB), [`WINDOW_START`](job::WINDOW_START), [`RUN`](job::RUN) (when claimed), [`HOLDER_ID`], [`OUTCOME`](job::OUTCOME) |
+///
+/// The job lock's own acquire and release spans nest inside it. A run that was cut off, lost
+/// its lock or failed sets `otel.status_code = ERROR`.
+pub mod job {
+    /// Span around one attempt to run a scheduled job.
+    pub const RUN_SPAN: &str = "pglock.job.run";
+    /// Field: the job's name.
+    pub const JOB: &str = "pglock.job";
+    /// Field: the start of the window, RFC 3339 (the claimed one, or the one a claim would
+    /// have been for).
+    pub const WINDOW_START: &str = "pglock.job.window_start";
+    /// Field: the run number of the claim.
+    pub const RUN: &str = "pglock.job.run_number";
+    /// Field: how the attempt ended; one of the [`outcome`] values.
+    pub const OUTCOME: &str = "pglock.job.outcome";
+
+    /// Values of the [`OUTCOME`] field. Skips use
+    /// [`Skip::as_str`](crate::schedule::Skip::as_str): `already_ran`, `running`, `too_soon`,
+    /// `busy`.
+    pub mod outcome {
+        /// The body ran to completion.
+        pub const RAN: &str = "ran";
+        /// The body was cut off at the max hold.
+        pub const OVERRAN: &str = "overran";
+        /// The job's lock was lost and the body cancelled.
+        pub const LOST: &str = "lost";
+        /// The attempt failed; the span's error status and events say why.
+        pub const ERROR: &str = "error";
+        /// The caller dropped the future.
+        pub const CANCELLED: &str = "cancelled";
     }
 }

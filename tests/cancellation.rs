@@ -213,9 +213,15 @@ async fn postgres_acquire_cancelled_while_queued_behind_its_own_manager() {
     let key = key("cancel-turn-wait");
     let guard = locks.acquire(&key, None).await.expect("acquire");
     for timeout in [None, Some(EVENTUALLY)] {
-        let outcome =
-            tokio::time::timeout(Duration::from_millis(50), locks.acquire(&key, timeout)).await;
+        // Another task of the manager queues behind the local holder, and is cancelled there.
+        let mut waiting = tokio::spawn({
+            let (locks, key) = (locks.clone(), key.clone());
+            async move { locks.acquire(&key, timeout).await }
+        });
+        let outcome = tokio::time::timeout(Duration::from_millis(50), &mut waiting).await;
         assert!(outcome.is_err(), "queued behind the local holder");
+        waiting.abort();
+        assert!(waiting.await.expect_err("aborted").is_cancelled());
     }
     assert!(guard.release().await.expect("release"));
     pg.assert_nothing_left(&locks, &[&key]).await;

@@ -1,40 +1,26 @@
-//! The `pglock` binary, run as a user would: its output, and its exit codes.
+//! The `pglock` binary, run as a user would: `id`, `holders` (filters, `--watch`, the exit
+//! status that says held or free), `--database-url`, usage errors, and the exit statuses the
+//! help documents. `run` and `terminate` have files of their own.
 
 mod common;
 
-use std::process::{Command, Output};
+use std::process::{Output, Stdio};
 use std::time::Duration;
 
+use common::cli::{Lines, exit_code, output, pglock, pglock_on_db, signal, stderr, stdout};
 use common::{app_name, eventually, key, lock_rows, observer};
+use pglock::inspect::Inspector;
 use pglock::{LockManager, lock_id, split_lock_id};
 use serde_json::Value;
 
-fn pglock(args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_pglock"));
-    command.args(args);
-    command
-}
-
 /// Runs the command against the test database.
 fn with_database(args: &[&str]) -> Output {
-    pglock(args)
-        .env("DATABASE_URL", common::url())
-        .output()
-        .expect("run pglock")
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8(output.stdout.clone()).expect("UTF-8 output")
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8(output.stderr.clone()).expect("UTF-8 output")
+    pglock_on_db(args).output().expect("run pglock")
 }
 
 #[test]
 fn id_prints_the_lock_id_and_its_pg_locks_halves() {
     let output = pglock(&["id", "leader:orders"])
-        .env_remove("DATABASE_URL")
         .output()
         .expect("run pglock");
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
@@ -196,7 +182,7 @@ async fn holders_shows_the_holder_and_its_waiters() {
     })
     .await
     .expect("join");
-    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(output.status.code(), Some(3), "free");
     assert!(
         stdout(&output).ends_with("\n  free: no holders, no waiters\n"),
         "{}",
@@ -261,8 +247,204 @@ fn an_unreachable_database_exits_with_1() {
     assert!(output.stdout.is_empty());
     let message = stderr(&output);
     assert!(
-        message.starts_with("pglock: error: cannot connect to DATABASE_URL: "),
+        message.starts_with("pglock: error: cannot connect to the database: "),
         "{message}"
     );
     assert!(!message.contains("secret"), "never print the password");
+}
+
+#[test]
+fn help_documents_every_exit_status() {
+    let help = pglock(&["--help"]).output().expect("run pglock");
+    assert_eq!(help.status.code(), Some(0));
+    let text = stdout(&help);
+    for line in [
+        "Exit status:",
+        "  0      success",
+        "  1      runtime failure",
+        "  2      usage error",
+        "  3      holders: no matching lock is held (free)",
+        "  4      terminate: declined at the prompt",
+        "  75     run: the lock is held elsewhere",
+        "  76     run: the lock was lost while the command ran",
+        "  126    run: the command could not be executed",
+        "  127    run: the command was not found",
+        "  other  run: the command's exit status, or 128+N",
+    ] {
+        assert!(text.contains(line), "--help lacks {line:?}:\n{text}");
+    }
+    for command in ["holders", "run", "terminate"] {
+        let help = pglock(&[command, "--help"]).output().expect("run pglock");
+        assert!(stdout(&help).contains("Exit status:"), "{command} --help");
+    }
+}
+
+#[test]
+fn new_usage_errors_exit_with_2() {
+    for args in [
+        &["run", "k"][..],
+        &["run", "k", "--timeout", "soon", "--", "true"][..],
+        &["run", "k", "--no-wait", "--timeout", "1s", "--", "true"][..],
+        &["holders", "--watch", "not-a-duration"][..],
+        &["holders", "--older-than", "5 weeks"][..],
+        &["terminate"][..],
+    ] {
+        let output = pglock_on_db(args).output().expect("run pglock");
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert!(output.stdout.is_empty(), "{args:?}");
+        assert!(!output.stderr.is_empty(), "{args:?}");
+    }
+}
+
+#[tokio::test]
+async fn database_url_comes_from_the_flag_before_the_environment() {
+    let key = key("cli-url");
+    // The flag alone.
+    let out = output(pglock(&["holders", &key, "--database-url", common::url()])).await;
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    // The flag wins over an unusable DATABASE_URL.
+    let mut command = pglock(&["--database-url", common::url(), "holders", &key]);
+    command.env("DATABASE_URL", "postgres://nobody:secret@127.0.0.1:1/none");
+    let out = output(command).await;
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    // A bad flag is a usage error, and says which source was bad.
+    let out = output(pglock_on_db(&["holders", "--database-url", "not a url"])).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("--database-url is not a valid URL"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[tokio::test]
+async fn the_exit_status_says_held_or_free_and_filters_pick_sessions() {
+    let observer = observer().await;
+    let app = app_name("cli-filter");
+    let locks = common::manager_for(common::pool_named(2, &app).await, &app).build();
+    let key = key("cli-filter");
+    let run = |args: Vec<String>| async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        output(pglock_on_db(&args)).await
+    };
+    let args = |extra: &[&str]| -> Vec<String> {
+        ["holders", key.as_str()]
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string())
+            .collect()
+    };
+
+    assert_eq!(run(args(&[])).await.status.code(), Some(3), "free");
+    let guard = locks.acquire(&key, None).await.expect("acquire");
+    assert_eq!(run(args(&[])).await.status.code(), Some(0), "held");
+
+    // --holder: a pattern over the holder id.
+    let pattern = format!("{}*", &app[..app.len() - 4]);
+    let out = run(args(&["--holder", &pattern])).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains(&app), "{}", stdout(&out));
+    let out = run(args(&["--holder", "someone-else-*"])).await;
+    assert_eq!(out.status.code(), Some(3));
+    assert!(
+        stdout(&out).ends_with("  free of matching sessions\n"),
+        "{}",
+        stdout(&out)
+    );
+
+    // --older-than: only holds at least that long (as far as the server can tell).
+    let inspector = Inspector::new(observer.clone());
+    eventually("the hold is 300 ms old", || async {
+        let report = inspector.key(&key).await.expect("inspect");
+        report.holders[0].held_or_waited_for >= Some(Duration::from_millis(300))
+    })
+    .await;
+    assert_eq!(
+        run(args(&["--older-than", "300ms"])).await.status.code(),
+        Some(0)
+    );
+    assert_eq!(
+        run(args(&["--older-than", "1h"])).await.status.code(),
+        Some(3)
+    );
+
+    // Every lock of the database, filtered: ours alone, or nothing.
+    let all = |extra: &[&str]| -> Vec<String> {
+        ["holders", "--json"]
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let out = run(all(&["--holder", &app])).await;
+    assert_eq!(out.status.code(), Some(0));
+    let json: Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    let locks_shown: Vec<i64> = json
+        .as_array()
+        .expect("an array")
+        .iter()
+        .map(|lock| lock["lock_id"].as_i64().expect("id"))
+        .collect();
+    assert_eq!(locks_shown, [lock_id(&key)]);
+    let out = run(all(&["--holder", "someone-else-*"])).await;
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(stdout(&out), "[]\n");
+    let out = run(vec![
+        "holders".into(),
+        "--holder".into(),
+        "someone-else-*".into(),
+    ])
+    .await;
+    assert_eq!(
+        stdout(&out),
+        "no advisory lock held or awaited by a matching session\n"
+    );
+
+    assert!(guard.release().await.expect("release"));
+    assert_eq!(run(args(&[])).await.status.code(), Some(3), "free again");
+}
+
+#[tokio::test]
+async fn watch_follows_the_lock_until_interrupted() {
+    let app = app_name("cli-watch");
+    let locks = common::manager_for(common::pool_named(2, &app).await, &app).build();
+    let key = key("cli-watch");
+    let guard = locks.acquire(&key, None).await.expect("acquire");
+    let mut watcher = pglock_on_db(&["holders", &key, "--json", "--watch", "100ms"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the watch");
+    let lines = Lines::stdout(&mut watcher);
+    let holders = |line: &str| -> usize {
+        let json: Value = serde_json::from_str(line).expect("one JSON object per line");
+        json["holders"].as_array().expect("holders").len()
+    };
+    let first = lines.next().expect("a first look");
+    assert_eq!(holders(&first), 1, "{first}");
+    assert!(guard.release().await.expect("release"));
+    lines.until("a look that finds the lock free", |line| holders(line) == 0);
+    signal(&watcher, rustix::process::Signal::TERM);
+    assert_eq!(exit_code(watcher).await, Some(3), "the last look was free");
+
+    // Interrupted while the lock is held, it exits 0.
+    let guard = locks.acquire(&key, None).await.expect("acquire");
+    let mut watcher = pglock_on_db(&["holders", &key, "--watch=50ms"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the watch");
+    let lines = Lines::stdout(&mut watcher);
+    let heading = lines.until("a look", |line| line.starts_with("-- "));
+    assert!(
+        heading.ends_with(", every 50ms; Ctrl-C to stop"),
+        "{heading}"
+    );
+    lines.until("the holder's row", |line| line.contains(&app));
+    signal(&watcher, rustix::process::Signal::INT);
+    assert_eq!(exit_code(watcher).await, Some(0), "the last look was held");
+    assert!(guard.release().await.expect("release"));
 }

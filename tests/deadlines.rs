@@ -88,7 +88,14 @@ async fn a_wait_behind_the_managers_own_holder_ends_at_the_deadline() {
     let locks = manager("local", 2).await;
     let key = key("local-deadline");
     let guard = locks.acquire(&key, None).await.expect("acquire");
-    let observed = overshoots(&locks, &key, Duration::from_millis(60), 15).await;
+    // Another task of the same manager waits behind the holder (the holding task itself would
+    // be told at once that it waits for itself).
+    let observed = tokio::spawn({
+        let (locks, key) = (locks.clone(), key.clone());
+        async move { overshoots(&locks, &key, Duration::from_millis(60), 15).await }
+    })
+    .await
+    .expect("join");
     assert_close("local turn wait, timeout 60ms", &observed);
     assert!(guard.release().await.expect("release"));
 }
@@ -208,6 +215,65 @@ async fn deadlines_beyond_what_the_server_takes_wait_as_asked() {
             .expect("granted once released")
             .expect("join")
             .unwrap_or_else(|err| panic!("{timeout:?} must wait, not fail: {err:?}"));
+        assert!(guard.release().await.expect("release"));
+    }
+}
+
+#[tokio::test]
+async fn time_spent_waiting_for_the_pool_comes_off_the_server_wait() {
+    // Two connections: the lock session's, and one to wait on, which a first contended
+    // acquisition keeps for 300 ms. A second one waits for that connection, then on the
+    // server: its one deadline must cover both.
+    let holder = manager("holder", 2).await;
+    let app = app_name("pool-then-server");
+    let locks = common::manager_for(pool_named(2, &app).await, &app)
+        .idle_sessions(0, Duration::ZERO)
+        .build();
+    let (first_key, second_key) = (key("pool-first"), key("pool-second"));
+    let held = [
+        holder.acquire(&first_key, None).await.expect("acquire"),
+        holder.acquire(&second_key, None).await.expect("acquire"),
+    ];
+    let warm = locks
+        .acquire(&key("warm"), None)
+        .await
+        .expect("open the lock session");
+    assert!(warm.release().await.expect("release"));
+    let observer = common::observer().await;
+    let first = tokio::spawn({
+        let (locks, key) = (locks.clone(), first_key.clone());
+        async move { locks.acquire(&key, Some(Duration::from_millis(300))).await }
+    });
+    common::eventually("the first acquisition waits on the server", || async {
+        common::lock_rows(&observer, pglock::lock_id(&first_key))
+            .await
+            .iter()
+            .any(|row| !row.granted)
+    })
+    .await;
+    let timeout = Duration::from_millis(500);
+    let started = Instant::now();
+    let err = locks
+        .acquire(&second_key, Some(timeout))
+        .await
+        .expect_err("held elsewhere");
+    let elapsed = started.elapsed();
+    assert!(err.is_timeout(), "{err:?}");
+    println!("pool wait then server wait: {elapsed:?} for a {timeout:?} deadline");
+    assert!(elapsed >= timeout, "{elapsed:?}");
+    // Given a fresh 500 ms on the server after the pool wait, it would take about 750 ms.
+    assert!(
+        elapsed < timeout + Duration::from_millis(150),
+        "the server wait did not get the remaining time only: {elapsed:?}"
+    );
+    assert!(
+        first
+            .await
+            .expect("join")
+            .expect_err("timed out")
+            .is_timeout()
+    );
+    for guard in held {
         assert!(guard.release().await.expect("release"));
     }
 }

@@ -23,6 +23,18 @@ fn table() -> FencingTable {
     .expect("valid name")
 }
 
+/// The base of this server's current token epoch: tokens are `(timeline << 40) + n`, and a
+/// fresh table's first token of a key is `base + 1`.
+async fn epoch_base(db: &PgPool) -> i64 {
+    let timeline: i64 = sqlx::query_scalar(
+        "SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8",
+    )
+    .fetch_one(db)
+    .await
+    .expect("timeline");
+    timeline << 40
+}
+
 fn fenced(pool: PgPool, table: &FencingTable) -> PostgresLockManager {
     PostgresLockManager::builder(pool)
         .fencing(table.clone())
@@ -36,6 +48,7 @@ async fn tokens_increase_with_every_acquisition_of_a_key() {
     let a = fenced(pool_named(3, &app_name("fence-a")).await, &table);
     let b = fenced(pool_named(3, &app_name("fence-b")).await, &table);
     let (key, other) = (key("fence"), key("fence-other"));
+    let base = epoch_base(&observer().await).await;
     let mut tokens = Vec::new();
     for round in 0..3 {
         let guard = a.acquire(&key, None).await.expect("acquire");
@@ -49,14 +62,14 @@ async fn tokens_increase_with_every_acquisition_of_a_key() {
         assert!(shared.release().await.expect("release"));
         // Another key's tokens are its own.
         let unrelated = b.acquire(&other, None).await.expect("acquire");
-        assert_eq!(unrelated.fencing_token, Some(round + 1));
+        assert_eq!(unrelated.fencing_token, Some(base + round + 1));
         assert!(unrelated.release().await.expect("release"));
     }
-    assert_eq!(tokens, (1..=9).collect::<Vec<i64>>());
+    assert_eq!(tokens, (base + 1..=base + 9).collect::<Vec<i64>>());
     // A manager built later (an application restart) continues where they left off.
     let restarted = fenced(pool_named(2, &app_name("fence-restart")).await, &table);
     let guard = restarted.acquire(&key, None).await.expect("acquire");
-    assert_eq!(guard.fencing_token, Some(10));
+    assert_eq!(guard.fencing_token, Some(base + 10));
     assert!(guard.release().await.expect("release"));
 }
 
@@ -72,6 +85,7 @@ async fn a_wait_on_the_server_mints_too() {
         async move { waiter.acquire(&key, Some(Duration::from_secs(10))).await }
     });
     let observer = observer().await;
+    let base = epoch_base(&observer).await;
     common::eventually("the waiter is queued", || async {
         lock_rows(&observer, lock_id(&key))
             .await
@@ -79,10 +93,10 @@ async fn a_wait_on_the_server_mints_too() {
             .any(|r| !r.granted)
     })
     .await;
-    assert_eq!(held.fencing_token, Some(1));
+    assert_eq!(held.fencing_token, Some(base + 1));
     assert!(held.release().await.expect("release"));
     let granted = waiting.await.expect("join").expect("granted");
-    assert_eq!(granted.fencing_token, Some(2));
+    assert_eq!(granted.fencing_token, Some(base + 2));
     assert!(granted.release().await.expect("release"));
 }
 
@@ -94,6 +108,7 @@ async fn tokens_keep_increasing_across_in_process_handoffs() {
         .handoff_limits(1000, Duration::from_secs(10))
         .build();
     let key = key("fence-relay");
+    let base = epoch_base(locks.pool()).await;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut tasks = Vec::new();
     for _ in 0..4 {
@@ -119,7 +134,7 @@ async fn tokens_keep_increasing_across_in_process_handoffs() {
     }
     assert_eq!(
         tokens,
-        (1..=100).collect::<Vec<i64>>(),
+        (base + 1..=base + 100).collect::<Vec<i64>>(),
         "one new token per holder, in order"
     );
 }
@@ -134,11 +149,12 @@ async fn tokens_survive_a_server_restart() {
         .connect(&server.url())
         .await
         .expect("connect");
+    let base = epoch_base(&pool).await;
     let locks = fenced(pool, &FencingTable::default());
     let key = key("fence-restart");
     for expected in 1..=3 {
         let guard = locks.acquire(&key, None).await.expect("acquire");
-        assert_eq!(guard.fencing_token, Some(expected));
+        assert_eq!(guard.fencing_token, Some(base + expected));
         assert!(guard.release().await.expect("release"));
     }
     server.stop().expect("stop");
@@ -149,7 +165,7 @@ async fn tokens_survive_a_server_restart() {
         .expect("acquire after the restart");
     assert_eq!(
         guard.fencing_token,
-        Some(4),
+        Some(base + 4),
         "the counter outlived the restart"
     );
     assert!(guard.release().await.expect("release"));

@@ -17,7 +17,7 @@ use common::{app_name, lock_rows, observer, pool_named};
 use pglock::testing::{Stage, pause_at};
 use pglock::{
     Error, FencingTable, InMemoryLockManager, InMemoryLockServer, LeaderElection, Leadership,
-    LockGuard, LockInfo, LockManager, LossCause, PostgresLockManager, lock_id,
+    LockGuard, LockInfo, LockKey, LockManager, LockMode, LossCause, PostgresLockManager, lock_id,
 };
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
@@ -353,7 +353,12 @@ impl Scripted {
 
 #[async_trait]
 impl LockManager for Scripted {
-    async fn acquire(&self, key: &str, timeout: Option<Duration>) -> pglock::Result<LockGuard> {
+    async fn acquire_key(
+        &self,
+        key: &LockKey,
+        mode: LockMode,
+        timeout: Option<Duration>,
+    ) -> pglock::Result<LockGuard> {
         self.acquires.send_modify(|n| *n += 1);
         let failing = self
             .failures
@@ -361,41 +366,33 @@ impl LockManager for Scripted {
             .is_ok();
         if failing {
             return Err(Error::Connection {
-                key: key.to_owned(),
+                key: key.to_string(),
                 reason: "the database is down (scripted)".to_owned(),
                 source: None,
             });
         }
-        self.inner.acquire(key, timeout).await
+        self.inner.acquire_key(key, mode, timeout).await
     }
 
-    async fn try_acquire(&self, key: &str) -> pglock::Result<Option<LockInfo>> {
-        self.inner.try_acquire(key).await
-    }
-
-    async fn acquire_shared(
+    async fn try_acquire_key(
         &self,
-        key: &str,
-        timeout: Option<Duration>,
-    ) -> pglock::Result<LockGuard> {
-        self.inner.acquire_shared(key, timeout).await
+        key: &LockKey,
+        mode: LockMode,
+    ) -> pglock::Result<Option<LockGuard>> {
+        self.inner.try_acquire_key(key, mode).await
     }
 
-    async fn try_acquire_shared(&self, key: &str) -> pglock::Result<Option<LockInfo>> {
-        self.inner.try_acquire_shared(key).await
-    }
-
-    async fn release(&self, key: &str) -> pglock::Result<()> {
-        self.inner.release(key).await
+    async fn release_key(&self, key: &LockKey) -> pglock::Result<()> {
+        self.inner.release_key(key).await
     }
 
     async fn release_all(&self) -> pglock::Result<usize> {
         self.inner.release_all().await
     }
 
-    async fn is_held(&self, key: &str) -> bool {
+    async fn is_key_held(&self, key: &LockKey) -> bool {
         self.checks.send_modify(|n| *n += 1);
-        self.inner.is_held(key).await
+        self.inner.is_key_held(key).await
     }
 
     fn held_lock_count(&self) -> usize {

@@ -399,3 +399,76 @@ async fn many_tasks_share_the_capped_sessions() {
     assert_eq!(locks.held_lock_count(), 0);
     assert!(locks_by_pid(&observer, &app).await.is_empty());
 }
+
+#[tokio::test]
+async fn an_unanswered_unlock_closes_its_lock_session_and_reports_its_locks_lost() {
+    let observer = observer().await;
+    let proxy = Proxy::start().await;
+    let app = app_name("unanswered-unlock");
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(proxy.options(&app))
+        .await
+        .expect("connect through the proxy");
+    let locks = common::manager_for(pool, &app)
+        .lock_sessions(1)
+        .release_timeout(Duration::from_millis(200))
+        .probe_interval(Duration::from_millis(100))
+        .probe_grace(Duration::from_secs(30))
+        .build();
+    let (released, neighbour) = (key("released"), key("neighbour"));
+    let guard = locks
+        .acquire(&released, Some(BOUND))
+        .await
+        .expect("acquire");
+    let other = locks
+        .acquire(&neighbour, Some(BOUND))
+        .await
+        .expect("acquire");
+    let session = locks_by_pid(&observer, &app).await[0].0;
+
+    proxy.blackhole();
+    let err = guard
+        .release()
+        .await
+        .expect_err("no answer within the release timeout");
+    assert!(
+        matches!(
+            &err,
+            pglock::Error::ReleaseFailed { reason: pglock::ReleaseFailure::Timeout(t), .. }
+                if *t == Duration::from_millis(200)
+        ),
+        "{err:?}"
+    );
+    proxy.restore();
+    // The session it ran on is closed, not kept: its other lock is reported lost, and the
+    // server ends the backend, which frees both locks.
+    let cause = tokio::time::timeout(BOUND, other.lost())
+        .await
+        .expect("the neighbour's loss is reported");
+    assert_eq!(cause, pglock::LossCause::NotOnServer);
+    eventually("the closed session leaves the server", || async {
+        !locks_by_pid(&observer, &app)
+            .await
+            .iter()
+            .any(|(pid, _)| *pid == session)
+            && tagged_sessions_with_pid(&observer, session).await == 0
+    })
+    .await;
+    assert!(lock_rows(&observer, lock_id(&released)).await.is_empty());
+    assert!(lock_rows(&observer, lock_id(&neighbour)).await.is_empty());
+    // The manager goes on with a new session.
+    let again = locks
+        .acquire(&released, Some(BOUND))
+        .await
+        .expect("acquire");
+    assert!(again.release().await.expect("release"));
+}
+
+async fn tagged_sessions_with_pid(observer: &PgPool, pid: i32) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
+        .bind(pid)
+        .fetch_one(observer)
+        .await
+        .expect("query pg_stat_activity")
+}

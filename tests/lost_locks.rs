@@ -245,14 +245,21 @@ async fn with_lock_releases_on_every_path() {
         .expect("released after cancellation");
     assert!(again.release().await.expect("release"));
 
-    // Not acquired: the body never runs.
+    // Not acquired (another task holds the key): the body never runs.
     let blocker = locks.acquire(&key, None).await.expect("acquire");
-    let err = locks
-        .with_lock(&key, Some(Duration::from_millis(20)), |_| async {
-            panic!("the body must not run without the lock")
-        })
-        .await
-        .expect_err("held");
+    let err = tokio::spawn({
+        let (locks, key) = (locks.clone(), key.clone());
+        async move {
+            locks
+                .with_lock(&key, Some(Duration::from_millis(20)), |_| async {
+                    panic!("the body must not run without the lock")
+                })
+                .await
+        }
+    })
+    .await
+    .expect("join")
+    .expect_err("held");
     assert!(err.is_timeout());
     assert!(blocker.release().await.expect("release"));
 }

@@ -1,16 +1,18 @@
 //! OpenTelemetry metrics (feature `metrics`), read back from an in-memory exporter after real
-//! lock operations on both managers.
+//! lock operations on both managers: the instruments, their bounded attributes, the stable
+//! loss-cause labels and the hold-time histogram.
 #![cfg(feature = "metrics")]
 
 mod common;
 
-use std::time::Duration;
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMetrics};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 use pglock::telemetry::{self, metrics, outcome};
-use pglock::{InMemoryLockManager, LockManager, PostgresLockManager};
+use pglock::{InMemoryLockManager, LockManager, LossCause, PostgresLockManager};
 
 struct Pipeline {
     exporter: InMemoryMetricExporter,
@@ -41,42 +43,53 @@ impl Pipeline {
     }
 }
 
-/// The data points of metric `name` whose attributes include all of `wanted`, as
-/// (sum or count, attributes) pairs.
-fn points(export: &ResourceMetrics, name: &str, wanted: &[(&str, &str)]) -> Vec<f64> {
+/// One exported data point: its attributes, and its value (a sum's value, or a histogram's
+/// count and sum).
+#[derive(Debug)]
+struct Point {
+    attributes: Vec<(String, String)>,
+    value: f64,
+    count: u64,
+}
+
+impl Point {
+    fn has(&self, wanted: &[(&str, &str)]) -> bool {
+        wanted
+            .iter()
+            .all(|(k, v)| self.attributes.iter().any(|(ak, av)| ak == k && av == v))
+    }
+}
+
+/// Every data point of metric `name`.
+fn all_points(export: &ResourceMetrics, name: &str) -> Vec<Point> {
+    let attrs = |it: &mut dyn Iterator<Item = &opentelemetry::KeyValue>| {
+        it.map(|kv| (kv.key.to_string(), kv.value.to_string()))
+            .collect::<Vec<_>>()
+    };
     let mut found = Vec::new();
     for scope in export.scope_metrics() {
         for metric in scope.metrics().filter(|m| m.name() == name) {
-            let matches = |attrs: &mut dyn Iterator<Item = &opentelemetry::KeyValue>| {
-                let attrs: Vec<(String, String)> = attrs
-                    .map(|kv| (kv.key.to_string(), kv.value.to_string()))
-                    .collect();
-                wanted
-                    .iter()
-                    .all(|(k, v)| attrs.iter().any(|(ak, av)| ak == k && av == v))
-            };
             match metric.data() {
                 AggregatedMetrics::F64(MetricData::Histogram(h)) => {
-                    for p in h.data_points() {
-                        if matches(&mut p.attributes()) {
-                            found.push(p.count() as f64);
-                            found.push(p.sum());
-                        }
-                    }
+                    found.extend(h.data_points().map(|p| Point {
+                        attributes: attrs(&mut p.attributes()),
+                        value: p.sum(),
+                        count: p.count(),
+                    }));
                 }
                 AggregatedMetrics::U64(MetricData::Sum(s)) => {
-                    for p in s.data_points() {
-                        if matches(&mut p.attributes()) {
-                            found.push(p.value() as f64);
-                        }
-                    }
+                    found.extend(s.data_points().map(|p| Point {
+                        attributes: attrs(&mut p.attributes()),
+                        value: p.value() as f64,
+                        count: 1,
+                    }));
                 }
                 AggregatedMetrics::I64(MetricData::Sum(s)) => {
-                    for p in s.data_points() {
-                        if matches(&mut p.attributes()) {
-                            found.push(p.value() as f64);
-                        }
-                    }
+                    found.extend(s.data_points().map(|p| Point {
+                        attributes: attrs(&mut p.attributes()),
+                        value: p.value() as f64,
+                        count: 1,
+                    }));
                 }
                 other => panic!("unexpected data for {name}: {other:?}"),
             }
@@ -85,12 +98,56 @@ fn points(export: &ResourceMetrics, name: &str, wanted: &[(&str, &str)]) -> Vec<
     found
 }
 
+/// The values of the points of `name` whose attributes include all of `wanted`: for counters
+/// their value, for histograms their count and their sum.
+fn points(export: &ResourceMetrics, name: &str, wanted: &[(&str, &str)]) -> Vec<f64> {
+    let mut found = Vec::new();
+    for point in all_points(export, name).iter().filter(|p| p.has(wanted)) {
+        if is_histogram(name) {
+            found.push(point.count as f64);
+        }
+        found.push(point.value);
+    }
+    found
+}
+
+fn is_histogram(name: &str) -> bool {
+    name == metrics::ACQUIRE_WAIT || name == metrics::HOLD_DURATION
+}
+
+const INSTRUMENTS: [&str; 5] = [
+    metrics::ACQUIRE_WAIT,
+    metrics::ACQUISITIONS,
+    metrics::HOLD_DURATION,
+    metrics::HELD,
+    metrics::LOST,
+];
+
+/// Every attribute key on any pglock series of the export.
+fn attribute_keys(export: &ResourceMetrics) -> BTreeSet<String> {
+    INSTRUMENTS
+        .iter()
+        .flat_map(|name| all_points(export, name))
+        .flat_map(|p| p.attributes.into_iter().map(|(k, _)| k))
+        .collect()
+}
+
+/// Every distinct attribute set of metric `name`: one per series.
+fn series(export: &ResourceMetrics, name: &str) -> BTreeSet<Vec<(String, String)>> {
+    all_points(export, name)
+        .into_iter()
+        .map(|mut p| {
+            p.attributes.sort();
+            p.attributes
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn postgres_manager_records_waits_outcomes_held_locks_and_losses() {
     let pipeline = Pipeline::new();
-    let holder = "metrics-postgres";
     let locks = PostgresLockManager::builder(common::pool(4).await)
-        .holder_id(holder)
+        .holder_id("metrics-postgres")
         .meter(pipeline.meter())
         .probe_interval(Duration::from_millis(100))
         .build();
@@ -104,12 +161,7 @@ async fn postgres_manager_records_waits_outcomes_held_locks_and_losses() {
         .await
         .expect("rival");
     let export = pipeline.collect();
-    let by_holder = [(telemetry::HOLDER_ID, holder)];
-    assert_eq!(
-        points(&export, metrics::HELD, &by_holder),
-        [2.0],
-        "two locks held"
-    );
+    assert_eq!(points(&export, metrics::HELD, &[]), [2.0], "two locks held");
 
     // A timeout: the rival holds c for longer than the deadline.
     let c = held.key.clone();
@@ -127,7 +179,7 @@ async fn postgres_manager_records_waits_outcomes_held_locks_and_losses() {
     let acquire_ok = [
         (metrics::OPERATION, metrics::ACQUIRE),
         (telemetry::OUTCOME, outcome::ACQUIRED),
-        (telemetry::HOLDER_ID, holder),
+        (telemetry::MODE, "exclusive"),
     ];
     let acquire_timeout = [
         (metrics::OPERATION, metrics::ACQUIRE),
@@ -155,12 +207,21 @@ async fn postgres_manager_records_waits_outcomes_held_locks_and_losses() {
         "it waited its deadline: {timeout_wait:?}"
     );
     assert_eq!(
-        points(&export, metrics::HELD, &by_holder),
+        points(&export, metrics::HELD, &[]),
         [0.0],
         "nothing held any more"
     );
+    assert_eq!(
+        points(
+            &export,
+            metrics::HOLD_DURATION,
+            &[(telemetry::MODE, "exclusive")]
+        )[0],
+        2.0,
+        "two holds ended in a release"
+    );
 
-    // A loss.
+    // A loss, labelled with the cause's stable name.
     let guard = locks.acquire(&a, None).await.expect("acquire");
     let observer = common::observer().await;
     let pid = common::lock_rows(&observer, pglock::lock_id(&a)).await[0].pid;
@@ -173,14 +234,120 @@ async fn postgres_manager_records_waits_outcomes_held_locks_and_losses() {
         .await
         .expect("lost");
     let export = pipeline.collect();
-    let lost = [
-        (telemetry::CAUSE, pglock::LossCause::NotOnServer.to_string()),
-        (telemetry::HOLDER_ID, holder.to_owned()),
-    ];
-    let lost: Vec<(&str, &str)> = lost.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let lost = [(telemetry::CAUSE, "not_on_server")];
     assert_eq!(points(&export, metrics::LOST, &lost), [1.0]);
-    assert_eq!(points(&export, metrics::HELD, &by_holder), [0.0]);
+    assert_eq!(points(&export, metrics::HELD, &[]), [0.0]);
+    assert_eq!(
+        points(&export, metrics::HOLD_DURATION, &[])[0],
+        2.0,
+        "a lost lock is counted as lost, not as a hold"
+    );
+
+    // Bounded cardinality: no holder id, and only attributes from short fixed lists.
+    let keys = attribute_keys(&export);
+    let allowed: BTreeSet<String> = [
+        metrics::OPERATION,
+        telemetry::MODE,
+        telemetry::OUTCOME,
+        telemetry::CAUSE,
+    ]
+    .map(str::to_owned)
+    .into();
+    assert!(keys.is_subset(&allowed), "{keys:?}");
+    assert!(series(&export, metrics::HELD).len() == 1);
     assert!(held.release().await.expect("release"));
+}
+
+#[tokio::test]
+async fn the_hold_histogram_measures_from_grant_to_release() {
+    let pipeline = Pipeline::new();
+    let locks = PostgresLockManager::builder(common::pool(2).await)
+        .meter(pipeline.meter())
+        .build();
+    let key = common::key("metrics-hold");
+    const HOLD: Duration = Duration::from_millis(80);
+
+    let outer = Instant::now();
+    let guard = locks.acquire_shared(&key, None).await.expect("acquire");
+    // The sleep is the thing measured, not a wait for something to happen.
+    tokio::time::sleep(HOLD).await;
+    assert!(guard.release().await.expect("release"));
+    let around = outer.elapsed();
+
+    let export = pipeline.collect();
+    let shared = points(
+        &export,
+        metrics::HOLD_DURATION,
+        &[(telemetry::MODE, "shared")],
+    );
+    assert_eq!(shared[0], 1.0, "one hold: {shared:?}");
+    assert!(
+        shared[1] >= HOLD.as_secs_f64() && shared[1] <= around.as_secs_f64(),
+        "held {}s: at least the {HOLD:?} it slept, at most the {around:?} around it",
+        shared[1]
+    );
+    assert!(
+        points(
+            &export,
+            metrics::HOLD_DURATION,
+            &[(telemetry::MODE, "exclusive")]
+        )
+        .is_empty()
+    );
+
+    // The histogram's buckets are made for seconds, from sub-millisecond to an hour.
+    let bounds: Vec<f64> = export
+        .scope_metrics()
+        .flat_map(|scope| scope.metrics())
+        .filter(|m| m.name() == metrics::HOLD_DURATION)
+        .flat_map(|m| match m.data() {
+            AggregatedMetrics::F64(MetricData::Histogram(h)) => h
+                .data_points()
+                .flat_map(|p| p.bounds().collect::<Vec<_>>())
+                .collect::<Vec<_>>(),
+            other => panic!("not a histogram: {other:?}"),
+        })
+        .collect();
+    assert_eq!(bounds.first(), Some(&0.0005), "{bounds:?}");
+    assert_eq!(bounds.last(), Some(&3600.0), "{bounds:?}");
+}
+
+#[tokio::test]
+async fn the_holder_id_is_an_attribute_only_when_asked_for() {
+    let pipeline = Pipeline::new();
+    let with = InMemoryLockManager::builder()
+        .holder_id("metrics-with-holder")
+        .meter(pipeline.meter())
+        .metrics_holder_id(true)
+        .build();
+    let without = InMemoryLockManager::builder()
+        .holder_id("metrics-without-holder")
+        .meter(pipeline.meter())
+        .build();
+    for locks in [&with, &without] {
+        let guard = locks.acquire("k", None).await.expect("acquire");
+        assert!(guard.release().await.expect("release"));
+    }
+
+    let export = pipeline.collect();
+    for name in INSTRUMENTS.into_iter().filter(|n| *n != metrics::LOST) {
+        let by_holder = [(telemetry::HOLDER_ID, "metrics-with-holder")];
+        assert!(
+            !points(&export, name, &by_holder).is_empty(),
+            "{name} carries the opted-in holder id"
+        );
+        let holders: BTreeSet<String> = all_points(&export, name)
+            .into_iter()
+            .flat_map(|p| p.attributes)
+            .filter(|(k, _)| k == telemetry::HOLDER_ID)
+            .map(|(_, v)| v)
+            .collect();
+        assert_eq!(
+            holders,
+            BTreeSet::from(["metrics-with-holder".to_owned()]),
+            "{name}: the other manager's series have no holder id"
+        );
+    }
 }
 
 #[tokio::test]
@@ -189,6 +356,7 @@ async fn in_memory_manager_records_the_same_instruments() {
     let locks = InMemoryLockManager::builder()
         .holder_id("metrics-memory")
         .meter(pipeline.meter())
+        .metrics_holder_id(true)
         .build();
     let key = common::key("metrics-memory");
     let guard = locks.acquire(&key, None).await.expect("acquire");
@@ -197,6 +365,22 @@ async fn in_memory_manager_records_the_same_instruments() {
     let export = pipeline.collect();
     let by_holder = [(telemetry::HOLDER_ID, "metrics-memory")];
     assert_eq!(points(&export, metrics::ACQUISITIONS, &by_holder), [1.0]);
-    assert_eq!(points(&export, metrics::LOST, &by_holder), [1.0]);
+    let lost = [(telemetry::CAUSE, "simulated"), by_holder[0]];
+    assert_eq!(points(&export, metrics::LOST, &lost), [1.0]);
     assert_eq!(points(&export, metrics::HELD, &by_holder), [0.0]);
+}
+
+#[test]
+fn loss_cause_labels_are_stable_names_and_display_stays_a_sentence() {
+    let causes = [
+        (LossCause::NotOnServer, "not_on_server"),
+        (LossCause::Unverifiable, "unverifiable"),
+        (LossCause::Simulated, "simulated"),
+    ];
+    for (cause, label) in causes {
+        assert_eq!(cause.as_str(), label);
+        let sentence = cause.to_string();
+        assert!(sentence.contains(' '), "{sentence:?} reads as a sentence");
+        assert_ne!(sentence, label);
+    }
 }

@@ -661,3 +661,70 @@ async fn an_idle_lock_session_goes_back_to_the_pool_clean() {
     let guard = locks.acquire(&key("again"), None).await.expect("acquire");
     assert!(guard.release().await.expect("release"));
 }
+
+#[tokio::test]
+async fn an_unconfirmed_unlock_closes_its_wait_session_instead_of_pooling_it() {
+    let observer = observer().await;
+    let proxy = common::proxy::Proxy::start().await;
+    let app = app_name("unconfirmed-wait");
+    let pool = PgPoolOptions::new()
+        .max_connections(3)
+        .connect_with(proxy.options(&app))
+        .await
+        .expect("connect through the proxy");
+    let locks = common::manager_for(pool.clone(), &app)
+        .release_timeout(Duration::from_millis(200))
+        .idle_sessions(0, Duration::ZERO)
+        .detect_lost_locks(false)
+        .build();
+    // Held elsewhere first, so this manager waits for it, and holds it, on a session of its own.
+    let key = key("unconfirmed-wait");
+    let holder = manager(&app_name("holder"), 2).await;
+    let held = holder.acquire(&key, None).await.expect("acquire");
+    let waiting = tokio::spawn({
+        let (locks, key) = (locks.clone(), key.clone());
+        async move { locks.acquire(&key, Some(Duration::from_secs(10))).await }
+    });
+    eventually("the waiter queues on the server", || async {
+        lock_rows(&observer, lock_id(&key)).await.len() == 2
+    })
+    .await;
+    assert!(held.release().await.expect("release"));
+    let guard = waiting.await.expect("join").expect("granted");
+    let pid = lock_rows(&observer, lock_id(&key)).await[0].pid;
+
+    proxy.blackhole();
+    let err = guard
+        .release()
+        .await
+        .expect_err("no answer within the release timeout");
+    assert!(
+        matches!(
+            &err,
+            Error::ReleaseFailed {
+                reason: pglock::ReleaseFailure::Timeout(_),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    proxy.restore();
+    // Closed, not pooled: its backend goes away, and no pooled connection is that backend.
+    eventually("the wait session's backend ends", || async {
+        sessions_of(&observer, &app)
+            .await
+            .iter()
+            .all(|s| s.pid != pid)
+    })
+    .await;
+    assert!(lock_rows(&observer, lock_id(&key)).await.is_empty());
+    let mut conn = pool.acquire().await.expect("checkout");
+    let pooled: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *conn)
+        .await
+        .expect("query");
+    assert_ne!(
+        pooled, pid,
+        "the connection of the unconfirmed unlock went back to the pool"
+    );
+}

@@ -15,12 +15,12 @@ pub const ALL_WORKLOADS: [&str; 6] = [
 pub const DEFAULT_LIBS: [&str; 4] = ["pglock", "pglock_defaultpool", "sqlx_raw", "sqlx_advisory"];
 
 pub const USAGE: &str = "\
-lockbench: advisory-lock benchmark for pglock, in the shape of /work/shared/bench (README.md).
+lockbench: advisory-lock benchmark for pglock next to its floors (docs/benchmarks.md).
 
     cargo bench --bench lockbench -- [flags]
     target/release/deps/lockbench-<hash> [flags]
 
-Harness flags (same meaning as bench_peers.py):
+Workload flags:
   --workloads LIST        comma list of W1_same,W1_distinct,W2_try_held,W3_1proc,W3_multiproc,W4_many_keys
                           (default: all)
   --duration S            timed seconds per workload (default 1.5)
@@ -39,7 +39,7 @@ This binary's knobs:
   --lib LIST              comma list of pglock, pglock_defaultpool, sqlx_raw, sqlx_advisory, noop
                           (default: all but noop). Several libs run workload by workload,
                           interleaved, in one process.
-  --pool-max N            max_connections of pglock's pools (default: keys + 8)
+  --pool-max N            max_connections of pglock's pools (default: sqlx's, 10); adds `_pool<N>`
   --pglock-tracing on|off the manager's tracing spans (default on; off adds `_notrace` to the label)
   --acquire-timeout S     pglock: acquire(key, Some(S seconds)) instead of acquire(key, None), the
                           deadline path (server-side lock_timeout); adds `_timeout<S>s` to the label

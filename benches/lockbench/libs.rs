@@ -79,7 +79,7 @@ impl LibKind {
 
 /// A key as every library sees it: the string pglock hashes and the id the others use.
 ///
-/// `id == pglock::lock_id(&name)`, which is also bench_peers.py's `key_int` of the same
+/// `id == pglock::lock_id(&name)`, the same id a Python service using the original's scheme gets for the same
 /// `lockbench:<run>:<scope>:<i>` string, so probes work the same for every library.
 #[derive(Debug, Clone)]
 pub struct Key {

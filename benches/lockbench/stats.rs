@@ -10,7 +10,7 @@ pub fn mono_ns() -> u64 {
     (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// Nearest-rank percentile of an already sorted slice (`q` in 0..=1), as bench_peers.py's `pct`.
+/// Nearest-rank percentile of an already sorted slice (`q` in 0..=1).
 pub fn pct<T: Copy>(sorted: &[T], q: f64) -> Option<T> {
     if sorted.is_empty() {
         return None;
@@ -44,7 +44,7 @@ pub fn jain(counts: &[usize]) -> f64 {
     }
 }
 
-/// One result line in the shared shape.
+/// One result line (see `docs/benchmarks.md`, "The result lines").
 #[allow(clippy::too_many_arguments)]
 pub fn result(
     lib: &str,

@@ -1,4 +1,4 @@
-//! The workloads, one function each, following bench_peers.py's definitions and clock rules.
+//! The workloads, one function each (definitions and clock rules in `docs/benchmarks.md`).
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};

@@ -1,38 +1,70 @@
-//! `pglock`: lock ids of keys, and who holds and who waits for advisory locks.
+//! `pglock`: lock ids of keys, who holds and who waits for advisory locks, commands run under a
+//! lock, and stuck holders ended.
 //!
 //! ```text
 //! pglock id <KEY> [--json]
-//! DATABASE_URL=postgres://... pglock holders [KEY | --id LOCK_ID] [--known-key KEY]... [--json]
+//! pglock holders [KEY | --id LOCK_ID] [--older-than DURATION] [--holder PATTERN] [--watch[=INTERVAL]] [--json]
+//! pglock run <KEY> [--timeout DURATION | --no-wait] [--shared] -- <COMMAND> [ARGS]...
+//! pglock terminate <KEY | --id LOCK_ID> [--pid PID] [--holder PATTERN] [--older-than DURATION] [--yes]
 //! ```
 //!
-//! Exit status: 0 on success, 1 on a runtime failure (the database is unreachable or refused
-//! the query), 2 on a usage error (bad arguments, `DATABASE_URL` unset or not a URL).
+//! Every command that needs a database takes `--database-url`, or `DATABASE_URL`. The exit
+//! statuses are listed in [`EXIT_STATUS`], printed by `--help`, and in the guide.
 #![forbid(unsafe_code)]
 
-use std::fmt::Write as _;
-use std::io::Write as _;
+// The subcommands live next to this file, in `pglock/`.
+#[path = "pglock/holders.rs"]
+mod holders;
+#[path = "pglock/run.rs"]
+mod run;
+#[path = "pglock/terminate.rs"]
+mod terminate;
+#[path = "pglock/text.rs"]
+mod text;
+
 use std::process::ExitCode;
 use std::str::FromStr;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use clap::{Parser, Subcommand};
-use pglock::inspect::{Inspector, LockReport, Session};
-use serde_json::{Value, json};
+use clap::{Args, Parser, Subcommand};
+use pglock::inspect::{DEFAULT_APPLICATION_NAME_PREFIX, Inspector, LockReport};
+use serde_json::json;
+use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use crate::text::parse_duration;
 
 const EXIT_RUNTIME: u8 = 1;
 const EXIT_USAGE: u8 = 2;
+const EXIT_FREE: u8 = 3;
+const EXIT_DECLINED: u8 = 4;
+const EXIT_CONFLICT: u8 = 75;
+const EXIT_LOST: u8 = 76;
 
-/// PostgreSQL advisory locks as pglock takes them: key to lock id, and who holds what.
+const EXIT_STATUS: &str = "\
+Exit status:
+  0      success: holders found a held lock; run's command exited 0; terminate ended the holders
+  1      runtime failure: database unreachable, query refused, termination not confirmed
+  2      usage error: bad arguments; no database URL; terminate without --yes off a terminal
+  3      holders: no matching lock is held (free); terminate: no matching holder
+  4      terminate: declined at the prompt
+  75     run: the lock is held elsewhere (--no-wait, or --timeout passed); see --conflict-exit-code
+  76     run: the lock was lost while the command ran, and the command was terminated
+  126    run: the command could not be executed
+  127    run: the command was not found
+  other  run: the command's exit status, or 128+N when signal N ended it";
+
+/// PostgreSQL advisory locks as pglock takes them: key to lock id, who holds what, commands
+/// run under a lock, and stuck holders ended.
 #[derive(Debug, Parser)]
-#[command(
-    name = "pglock",
-    version,
-    after_help = "Exit status: 0 success, 1 runtime failure (database unreachable, query \
-                  refused), 2 usage error (bad arguments, DATABASE_URL unset or invalid)."
-)]
+#[command(name = "pglock", version, after_help = EXIT_STATUS)]
 struct Cli {
+    /// The database, as a postgres:// URL. Default: the DATABASE_URL environment variable.
+    #[arg(long, global = true, value_name = "URL")]
+    database_url: Option<String>,
+    /// How long to keep trying to connect (500ms, 5s, ...; a bare number is seconds).
+    #[arg(long, global = true, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    connect_timeout: Duration,
     #[command(subcommand)]
     command: Command,
 }
@@ -49,64 +81,154 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Show who holds and who waits for advisory locks in the database at DATABASE_URL.
+    /// Show who holds and who waits for advisory locks.
     ///
     /// Lists every single-bigint advisory lock of the database (or only KEY's), its holders
-    /// and, under them, its waiters in queue order. "for" is how long a waiter has waited
-    /// (exact), or how long a holder has been idle since its last statement (a lower bound on
-    /// the hold, exact for pglock's own sessions); "-" when unknown.
-    Holders {
-        /// Only the lock of this key.
-        key: Option<String>,
-        /// Only the lock with this id (as pg_locks or a log line shows it).
-        #[arg(
-            long = "id",
-            value_name = "LOCK_ID",
-            conflicts_with = "key",
-            allow_negative_numbers = true
-        )]
-        lock_id: Option<i64>,
-        /// A key to name when its lock shows up; repeat for more.
-        #[arg(long = "known-key", value_name = "KEY")]
-        known_keys: Vec<String>,
-        /// The application_name prefix of pglock sessions, followed by their holder id.
-        #[arg(long, value_name = "PREFIX", default_value = pglock::inspect::DEFAULT_APPLICATION_NAME_PREFIX)]
-        prefix: String,
-        /// Print JSON instead of a table: one object for KEY or --id, an array otherwise.
-        #[arg(long)]
-        json: bool,
-        /// How long to keep trying to connect before giving up.
-        #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
-        connect_timeout: f64,
-    },
+    /// and, under them, its waiters in the server's queue order. "for" is how long a waiter
+    /// has waited (exact), or how long a holder has been idle since its last statement (a
+    /// lower bound on the hold, exact for pglock's own sessions); "-" when unknown. Exits 0
+    /// when a listed lock is held, 3 when none is.
+    #[command(after_help = EXIT_STATUS)]
+    Holders(HoldersCommand),
+    /// Run COMMAND while holding the lock on KEY, like flock(1).
+    ///
+    /// Waits for the lock (as long as it takes, unless --timeout or --no-wait), runs the
+    /// command with PGLOCK_KEY, PGLOCK_LOCK_ID and PGLOCK_HOLDER_ID in its environment, releases
+    /// the lock when it exits, and exits with its status. If the lock is lost while the command
+    /// runs (its session ended: terminated, timed out, the server restarted), the command is
+    /// sent SIGTERM, then SIGKILL after --kill-after, and pglock exits with 76. SIGTERM and
+    /// SIGHUP sent to pglock are passed on to the command; pglock keeps the lock until the
+    /// command is gone. Ctrl-C reaches the command directly.
+    #[command(after_help = EXIT_STATUS)]
+    Run(run::RunArgs),
+    /// End the sessions holding a lock (pg_terminate_backend), after confirmation.
+    ///
+    /// Lists the holders of KEY's lock that pass the filters, asks on the terminal, and
+    /// terminates them; their locks are freed at once, and pglock managers among them report
+    /// the lock lost. Waiters are never terminated. Without a terminal on stdin it refuses
+    /// unless --yes is given. Needs superuser, pg_signal_backend, or the holders' own role.
+    #[command(after_help = EXIT_STATUS)]
+    Terminate(TerminateCommand),
 }
+
+/// The options of `holders`.
+#[derive(Debug, Args)]
+struct HoldersCommand {
+    #[command(flatten)]
+    lock: LockArgs,
+    #[command(flatten)]
+    filters: Filters,
+    /// Print JSON instead of a table: one object for KEY or --id, an array otherwise; with
+    /// --watch, one line of JSON per look.
+    #[arg(long)]
+    json: bool,
+    /// Look again every INTERVAL (default 2s) until interrupted (Ctrl-C, SIGTERM); the exit
+    /// status is the last look's. Write KEY before it, or --watch=INTERVAL.
+    #[arg(long, value_name = "INTERVAL", num_args = 0..=1, default_missing_value = "2s", value_parser = parse_duration)]
+    watch: Option<Duration>,
+}
+
+/// The options of `terminate`.
+#[derive(Debug, Args)]
+struct TerminateCommand {
+    #[command(flatten)]
+    lock: LockArgs,
+    #[command(flatten)]
+    filters: Filters,
+    /// Only this holder's server process.
+    #[arg(long, value_name = "PID")]
+    pid: Option<i32>,
+    /// Terminate without asking.
+    #[arg(long, short = 'y')]
+    yes: bool,
+}
+
+/// Which lock, or locks, and how to name them.
+#[derive(Debug, Args)]
+struct LockArgs {
+    /// Only the lock of this key.
+    key: Option<String>,
+    /// Only the lock with this id (as pg_locks or a log line shows it).
+    #[arg(
+        long = "id",
+        value_name = "LOCK_ID",
+        conflicts_with = "key",
+        allow_negative_numbers = true
+    )]
+    lock_id: Option<i64>,
+    /// A key to name when its lock shows up; repeat for more.
+    #[arg(long = "known-key", value_name = "KEY")]
+    known_keys: Vec<String>,
+    /// The application_name prefix of pglock sessions, followed by their holder id.
+    #[arg(long, value_name = "PREFIX", default_value = DEFAULT_APPLICATION_NAME_PREFIX)]
+    prefix: String,
+}
+
+/// Which sessions to keep.
+#[derive(Debug, Clone, Args)]
+struct Filters {
+    /// Only sessions that have held (or waited) for at least DURATION: 30s, 5m, 2h, 1d.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    older_than: Option<Duration>,
+    /// Only sessions whose holder id (or, without one, application name) matches PATTERN;
+    /// `*` matches any run of characters, `?` one.
+    #[arg(long, value_name = "PATTERN")]
+    holder: Option<String>,
+}
+
+impl Filters {
+    fn any(&self) -> bool {
+        self.older_than.is_some() || self.holder.is_some()
+    }
+}
+
+/// What a report is about.
+#[derive(Debug, Clone)]
+enum Target {
+    Key(String),
+    Id(i64),
+    All,
+}
+
+impl Target {
+    fn is_one(&self) -> bool {
+        !matches!(self, Target::All)
+    }
+
+    async fn reports(&self, inspector: &Inspector) -> Result<Vec<LockReport>, Failure> {
+        match self {
+            Target::Key(key) => inspector.key(key).await.map(|report| vec![report]),
+            Target::Id(id) => inspector.by_lock_id(*id).await.map(|report| vec![report]),
+            Target::All => inspector.all().await,
+        }
+        .map_err(|err| Failure(EXIT_RUNTIME, err.to_string()))
+    }
+}
+
+impl LockArgs {
+    fn target(&self) -> Target {
+        match (&self.key, self.lock_id) {
+            (Some(key), _) => Target::Key(key.clone()),
+            (None, Some(id)) => Target::Id(id),
+            (None, None) => Target::All,
+        }
+    }
+
+    fn inspector(&self, pool: PgPool) -> Inspector {
+        Inspector::new(pool)
+            .known_keys(self.key.iter().chain(&self.known_keys).cloned())
+            .application_name_prefix(Some(&self.prefix))
+    }
+}
+
+/// An exit code and what to tell the user.
+#[derive(Debug)]
+struct Failure(u8, String);
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Id { key, json } => Ok(id(&key, json)),
-        Command::Holders {
-            key,
-            lock_id,
-            known_keys,
-            prefix,
-            json,
-            connect_timeout,
-        } => Duration::try_from_secs_f64(connect_timeout)
-            .map_err(|_| {
-                Failure(
-                    EXIT_USAGE,
-                    "--connect-timeout must be a number of seconds".into(),
-                )
-            })
-            .and_then(|timeout| holders(key, lock_id, known_keys, &prefix, json, timeout)),
-    };
-    match result.and_then(|output| {
-        std::io::stdout()
-            .write_all(output.as_bytes())
-            .map_err(|err| Failure(EXIT_RUNTIME, format!("cannot write the output: {err}")))
-    }) {
-        Ok(()) => ExitCode::SUCCESS,
+    match execute(cli) {
+        Ok(code) => ExitCode::from(code),
         Err(Failure(code, message)) => {
             eprintln!("pglock: error: {message}");
             ExitCode::from(code)
@@ -114,8 +236,58 @@ fn main() -> ExitCode {
     }
 }
 
-/// An exit code and what to tell the user.
-struct Failure(u8, String);
+fn execute(cli: Cli) -> Result<u8, Failure> {
+    let database = || Database::new(cli.database_url.clone(), cli.connect_timeout);
+    match cli.command {
+        Command::Id { key, json } => {
+            print!("{}", id(&key, json));
+            Ok(0)
+        }
+        Command::Holders(command) => {
+            let database = database()?;
+            let show = holders::Show {
+                target: command.lock.target(),
+                filters: command.filters,
+                json: command.json,
+                watch: command.watch,
+            };
+            runtime()?.block_on(async {
+                let pool = database.connect(1).await?;
+                let inspector = command.lock.inspector(pool.clone());
+                let code = holders::holders(&inspector, &show).await;
+                pool.close().await;
+                code
+            })
+        }
+        Command::Run(args) => {
+            let database = database()?;
+            runtime()?.block_on(async { run::run(database.connect(2).await?, &args).await })
+        }
+        Command::Terminate(command) => {
+            let target = command.lock.target();
+            if !target.is_one() {
+                return Err(Failure(
+                    EXIT_USAGE,
+                    "terminate needs the lock: KEY or --id LOCK_ID".to_owned(),
+                ));
+            }
+            terminate::check_confirmable(command.yes)?;
+            let database = database()?;
+            let runtime = runtime()?;
+            let pool = runtime.block_on(database.connect(1))?;
+            let inspector = command.lock.inspector(pool.clone());
+            let args = terminate::TerminateArgs {
+                target,
+                filters: command.filters,
+                pid: command.pid,
+                yes: command.yes,
+            };
+            let code = terminate::terminate(&runtime, &pool, &inspector, &args);
+            runtime.block_on(pool.close());
+            code
+        }
+    }
+}
 
 fn id(key: &str, json: bool) -> String {
     let lock_id = pglock::lock_id(key);
@@ -131,197 +303,89 @@ fn id(key: &str, json: bool) -> String {
     )
 }
 
-fn holders(
-    key: Option<String>,
-    lock_id: Option<i64>,
-    known_keys: Vec<String>,
-    prefix: &str,
-    json: bool,
+/// Where to connect, from `--database-url` or `DATABASE_URL`.
+struct Database {
+    options: PgConnectOptions,
     connect_timeout: Duration,
-) -> Result<String, Failure> {
-    let url = std::env::var("DATABASE_URL")
-        .ok()
-        .filter(|url| !url.trim().is_empty())
-        .ok_or_else(|| {
-            Failure(
-                EXIT_USAGE,
-                "DATABASE_URL is not set: set it to the database whose locks to show, \
-                 e.g. DATABASE_URL=postgres://user@host:5432/app pglock holders"
-                    .to_owned(),
-            )
-        })?;
-    let mut options = PgConnectOptions::from_str(&url).map_err(|err| {
+}
+
+impl Database {
+    fn new(url: Option<String>, connect_timeout: Duration) -> Result<Self, Failure> {
+        let nonblank = |url: &String| !url.trim().is_empty();
+        let (url, source) = match url.filter(nonblank) {
+            Some(url) => (url, "--database-url"),
+            None => (
+                std::env::var("DATABASE_URL")
+                    .ok()
+                    .filter(nonblank)
+                    .ok_or_else(|| {
+                        Failure(
+                            EXIT_USAGE,
+                            "DATABASE_URL is not set and no --database-url was given: name the \
+                             database whose locks to use, e.g. \
+                             --database-url postgres://user@host:5432/app"
+                                .to_owned(),
+                        )
+                    })?,
+                "DATABASE_URL",
+            ),
+        };
         // The URL may carry a password: say what is wrong, not what it is.
-        Failure(
-            EXIT_USAGE,
-            format!("DATABASE_URL is not a valid URL: {err}"),
-        )
-    })?;
-    if options.get_application_name().is_none() {
-        options = options.application_name("pglock-cli");
+        let mut options = PgConnectOptions::from_str(&url)
+            .map_err(|err| Failure(EXIT_USAGE, format!("{source} is not a valid URL: {err}")))?;
+        if options.get_application_name().is_none() {
+            options = options.application_name("pglock-cli");
+        }
+        Ok(Database {
+            options,
+            connect_timeout,
+        })
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|err| Failure(EXIT_RUNTIME, format!("cannot start a runtime: {err}")))?;
-    let reports = runtime.block_on(async {
-        let pool = PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(connect_timeout)
-            .connect_with(options)
+
+    async fn connect(&self, max_connections: u32) -> Result<PgPool, Failure> {
+        PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(self.connect_timeout)
+            .connect_with(self.options.clone())
             .await
             .map_err(|err| {
                 Failure(
                     EXIT_RUNTIME,
-                    format!("cannot connect to DATABASE_URL: {err}"),
+                    format!("cannot connect to the database: {err}"),
                 )
-            })?;
-        let inspector = Inspector::new(pool.clone())
-            .known_keys(key.iter().cloned().chain(known_keys))
-            .application_name_prefix(Some(prefix));
-        let reports = match (&key, lock_id) {
-            (Some(key), _) => inspector.key(key).await.map(|report| vec![report]),
-            (None, Some(lock_id)) => inspector.by_lock_id(lock_id).await.map(|r| vec![r]),
-            (None, None) => inspector.all().await,
-        };
-        pool.close().await;
-        reports.map_err(|err| Failure(EXIT_RUNTIME, err.to_string()))
-    })?;
-    let one = key.is_some() || lock_id.is_some();
-    Ok(match (json, one) {
-        (true, true) => format!("{}\n", report_json(&reports[0])),
-        (true, false) => format!(
-            "{}\n",
-            Value::Array(reports.iter().map(report_json).collect())
-        ),
-        (false, _) => table(&reports),
-    })
-}
-
-fn report_json(report: &LockReport) -> Value {
-    json!({
-        "lock_id": report.lock_id,
-        "classid": report.classid,
-        "objid": report.objid,
-        "key": report.key,
-        "holders": report.holders.iter().map(session_json).collect::<Vec<_>>(),
-        "waiters": report.waiters.iter().map(session_json).collect::<Vec<_>>(),
-    })
-}
-
-fn session_json(session: &Session) -> Value {
-    json!({
-        "pid": session.pid,
-        "mode": session.mode.as_str(),
-        "holder_id": session.holder_id,
-        "application_name": session.application_name,
-        "client_addr": session.client_addr.map(|addr| addr.to_string()),
-        "client_port": session.client_port,
-        "backend_start": session.backend_start.map(|at| at.to_rfc3339()),
-        "state": session.state,
-        "since": session.since.map(|at| at.to_rfc3339()),
-        "held_or_waited_for_secs": session.held_or_waited_for.map(|d| d.as_secs_f64()),
-    })
-}
-
-const COLUMNS: [&str; 9] = [
-    "ROLE",
-    "PID",
-    "MODE",
-    "FOR",
-    "HOLDER ID",
-    "APPLICATION",
-    "CLIENT",
-    "STATE",
-    "BACKEND START",
-];
-
-/// The reports as text: a heading per lock, then its holders and waiters as rows of one table
-/// whose columns line up across all locks.
-fn table(reports: &[LockReport]) -> String {
-    if reports.is_empty() {
-        return "no advisory locks are held or awaited in this database\n".to_owned();
-    }
-    let rows: Vec<Vec<[String; 9]>> = reports
-        .iter()
-        .map(|report| {
-            let holders = report.holders.iter().map(|s| row("holder".to_owned(), s));
-            let waiters = (report.waiters.iter().enumerate())
-                .map(|(i, s)| row(format!("waiter {}", i + 1), s));
-            holders.chain(waiters).collect()
-        })
-        .collect();
-    let mut widths = COLUMNS.map(str::len);
-    for row in rows.iter().flatten() {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.len());
-        }
-    }
-    let line = |cells: &[&str]| {
-        let mut line = String::from("  ");
-        for (cell, width) in cells.iter().zip(widths) {
-            let _ = write!(line, "{cell:<width$}  ");
-        }
-        format!("{}\n", line.trim_end())
-    };
-    let mut out = String::new();
-    for (i, (report, rows)) in reports.iter().zip(&rows).enumerate() {
-        if i > 0 {
-            out.push('\n');
-        }
-        let key = report
-            .key
-            .as_ref()
-            .map_or_else(|| "unknown".to_owned(), |key| format!("{key:?}"));
-        let _ = writeln!(
-            out,
-            "lock {} (classid {}, objid {}), key {key}",
-            report.lock_id, report.classid, report.objid
-        );
-        if rows.is_empty() {
-            out.push_str("  free: no holders, no waiters\n");
-            continue;
-        }
-        out.push_str(&line(&COLUMNS));
-        for row in rows {
-            out.push_str(&line(&row.each_ref().map(String::as_str)));
-        }
-    }
-    out
-}
-
-fn row(role: String, session: &Session) -> [String; 9] {
-    let or_dash = |value: Option<String>| value.unwrap_or_else(|| "-".to_owned());
-    let client = match (session.client_addr, session.client_port) {
-        (Some(addr), Some(port)) => Some(std::net::SocketAddr::new(addr, port).to_string()),
-        (Some(addr), None) => Some(addr.to_string()),
-        (None, _) => None,
-    };
-    [
-        role,
-        or_dash(session.pid.map(|pid| pid.to_string())),
-        session.mode.as_str().to_owned(),
-        or_dash(session.held_or_waited_for.map(human)),
-        or_dash(session.holder_id.clone()),
-        or_dash(session.application_name.clone()),
-        or_dash(client),
-        or_dash(session.state.clone()),
-        or_dash(session.backend_start.map(timestamp)),
-    ]
-}
-
-/// A duration as a person reads it: `850ms`, `12.3s`, `4m05s`, `3h04m`, `2d03h`.
-fn human(duration: Duration) -> String {
-    let secs = duration.as_secs();
-    match secs {
-        0 => format!("{}ms", duration.as_millis()),
-        1..60 => format!("{secs}.{}s", duration.subsec_millis() / 100),
-        60..3600 => format!("{}m{:02}s", secs / 60, secs % 60),
-        3600..86400 => format!("{}h{:02}m", secs / 3600, secs % 3600 / 60),
-        _ => format!("{}d{:02}h", secs / 86400, secs % 86400 / 3600),
+            })
     }
 }
 
-fn timestamp(at: DateTime<Utc>) -> String {
-    at.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| Failure(EXIT_RUNTIME, format!("cannot start a runtime: {err}")))
+}
+
+/// Completes on SIGINT or SIGTERM. The handlers are installed when this is called, not when
+/// it is first polled, so a signal that arrives in between is not lost (nor fatal).
+fn interrupted() -> impl std::future::Future<Output = ()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let streams = signal(SignalKind::interrupt())
+            .and_then(|int| signal(SignalKind::terminate()).map(|term| (int, term)));
+        async move {
+            match streams {
+                Ok((mut int, mut term)) => {
+                    tokio::select! {
+                        _ = int.recv() => {}
+                        _ = term.recv() => {}
+                    }
+                }
+                Err(_) => std::future::pending().await,
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

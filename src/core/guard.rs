@@ -7,11 +7,11 @@ use tracing::Instrument;
 
 use super::{Backend, Core};
 use crate::telemetry::{self, outcome, via};
-use crate::{Error, GuardBackend, LossSignal, Result};
+use crate::{Error, GuardBackend, LockKey, LossSignal, Result};
 
 pub(super) struct CoreGuard<B: Backend> {
     pub(super) core: Arc<Core<B>>,
-    pub(super) key: String,
+    pub(super) key: LockKey,
     pub(super) lock_id: i64,
     pub(super) generation: u64,
     pub(super) signal: LossSignal,
@@ -48,7 +48,7 @@ impl<B: Backend> GuardBackend for CoreGuard<B> {
                 Some(cause) => {
                     recorder.finish(outcome::LOST, true);
                     Err(Error::LockLost {
-                        key: std::mem::take(&mut self.key),
+                        key: self.key.to_string(),
                         cause,
                     })
                 }
@@ -79,7 +79,7 @@ impl<B: Backend> Drop for CoreGuard<B> {
             return;
         }
         let core = Arc::clone(&self.core);
-        let key = std::mem::take(&mut self.key);
+        let key = self.key.clone();
         let generation = self.generation;
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // No runtime to unlock on: drop the entry, whose session lets the lock go as it
@@ -92,7 +92,12 @@ impl<B: Backend> Drop for CoreGuard<B> {
         };
         // Forget the entry now when the registry is free, so `is_held` and
         // `held_lock_count` reflect the drop at once; the unlock itself runs on a task.
-        let forgotten = core.state.try_lock().ok().map(|mut state| {
+        let registry = if core.defer_drops {
+            None
+        } else {
+            core.state.try_lock().ok()
+        };
+        let forgotten = registry.map(|mut state| {
             let held = state.take_generation(&key, generation);
             core.set_held(state.held.len());
             held

@@ -31,13 +31,33 @@ pub(crate) use self::registry::Watched;
 use self::registry::{Granted, State};
 pub(crate) use self::slots::Slots;
 use self::spans::Outcome;
+use self::turn::TurnPermit;
 use crate::telemetry::outcome;
-use crate::{Error, LockGuard, LockInfo, LockMode, LossCause, Result, lock_id};
+use crate::{Error, LockGuard, LockInfo, LockKey, LockMode, LockTarget, LossCause, Result};
+
+/// The task (or, outside any task, the thread blocking on a future) that acquired a lock: a
+/// task asking again for a key it holds would wait for itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TaskMark {
+    Task(tokio::task::Id),
+    Thread(std::thread::ThreadId),
+}
+
+impl TaskMark {
+    pub(crate) fn current() -> Self {
+        match tokio::task::try_id() {
+            Some(id) => TaskMark::Task(id),
+            None => TaskMark::Thread(std::thread::current().id()),
+        }
+    }
+}
 
 /// One acquisition request, as the backend sees it.
 #[derive(Debug)]
 pub(crate) struct Request<'a> {
-    pub(crate) key: &'a str,
+    pub(crate) key: &'a LockKey,
+    pub(crate) target: LockTarget,
+    /// `target` as one number (see `LockTarget::packed`): the fencing table's row.
     pub(crate) lock_id: i64,
     pub(crate) mode: LockMode,
     /// What the caller asked for; `Some(ZERO)` means exactly one immediate attempt.
@@ -55,7 +75,12 @@ impl Request<'_> {
 
     /// The timeout error of this request.
     pub(crate) fn timed_out(&self) -> Error {
-        Error::timeout(self.key, self.timeout.unwrap_or_default())
+        Error::timeout(&self.key.to_string(), self.timeout.unwrap_or_default())
+    }
+
+    /// The key as errors name it.
+    pub(crate) fn name(&self) -> String {
+        self.key.to_string()
     }
 }
 
@@ -94,8 +119,8 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Lets the lock go and confirms it.
     fn unlock(
         &self,
-        key: &str,
-        lock_id: i64,
+        key: &LockKey,
+        target: LockTarget,
         mode: LockMode,
         session: Self::Session,
     ) -> impl Future<Output = Result<()>> + Send;
@@ -122,7 +147,7 @@ pub(crate) trait LockTable: Send + Sync + 'static {
     /// Declares one acquisition lost; false when it is no longer registered.
     fn declare_lost(
         &self,
-        key: &str,
+        key: &LockKey,
         generation: u64,
         cause: LossCause,
     ) -> impl Future<Output = bool> + Send;
@@ -138,7 +163,7 @@ impl<B: Backend> LockTable for Core<B> {
 
     fn declare_lost(
         &self,
-        key: &str,
+        key: &LockKey,
         generation: u64,
         cause: LossCause,
     ) -> impl Future<Output = bool> + Send {
@@ -166,7 +191,8 @@ pub enum Stage {
     Unlock,
 }
 
-/// A test hook awaited at every [`Stage`]; it may park the operation there.
+/// A test hook awaited at every [`Stage`] with the key's display form; it may park the
+/// operation there.
 #[cfg_attr(not(feature = "testing"), allow(unreachable_pub, dead_code))]
 pub type Hook =
     Arc<dyn Fn(Stage, &str) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync + 'static>;
@@ -177,6 +203,8 @@ pub(crate) struct Options {
     pub(crate) tracing: bool,
     pub(crate) hook: Option<Hook>,
     pub(crate) handoff: Option<HandoffLimits>,
+    /// Tests only: a dropped guard always takes the path used when the registry is busy.
+    pub(crate) defer_drops: bool,
 }
 
 /// When a holder releases while another task of the same manager waits for the key, the lock
@@ -208,6 +236,7 @@ pub(crate) struct Core<B: Backend> {
     tracing: bool,
     hook: Option<Hook>,
     handoff: Option<HandoffLimits>,
+    defer_drops: bool,
 }
 
 impl<B: Backend> Core<B> {
@@ -222,6 +251,7 @@ impl<B: Backend> Core<B> {
             tracing: options.tracing,
             hook: options.hook,
             handoff: options.handoff,
+            defer_drops: options.defer_drops,
         }
     }
 
@@ -239,28 +269,30 @@ impl<B: Backend> Core<B> {
         self.metrics.held(count as i64 - before as i64);
     }
 
-    pub(crate) async fn is_held(&self, key: &str) -> bool {
+    pub(crate) async fn is_held(&self, key: &LockKey) -> bool {
         self.state.lock().await.held.contains_key(key)
     }
 
-    async fn checkpoint(&self, stage: Stage, key: &str) {
+    async fn checkpoint(&self, stage: Stage, key: &LockKey) {
         if let Some(hook) = &self.hook {
-            hook(stage, key).await;
+            hook(stage, &key.to_string()).await;
         }
     }
 
     pub(crate) async fn acquire(
         self: &Arc<Self>,
-        key: &str,
+        key: &LockKey,
         mode: LockMode,
         timeout: Option<Duration>,
     ) -> Result<LockGuard> {
-        let lock_id = lock_id(key);
+        let target = key.target();
+        let lock_id = target.packed();
         let span = spans::acquire_span(self.tracing, key, lock_id, mode, timeout, self.holder_id());
         let mut recorder = Outcome::new(span.clone());
         let started = Instant::now();
         let request = Request {
             key,
+            target,
             lock_id,
             mode,
             timeout,
@@ -287,7 +319,17 @@ impl<B: Backend> Core<B> {
     async fn acquire_traced(self: &Arc<Self>, request: &Request<'_>) -> Result<LockGuard> {
         let key = request.key;
         self.checkpoint(Stage::Turn, key).await;
-        let turn = self.state.lock().await.turn(key);
+        let task = TaskMark::current();
+        let turn = {
+            let mut state = self.state.lock().await;
+            // Waiting for a key the calling task holds would wait forever.
+            if state.held.get(key).is_some_and(|held| held.task == task) {
+                return Err(Error::Reentrant {
+                    key: request.name(),
+                });
+            }
+            state.turn(key)
+        };
         let (permit, handoff) = if request.is_immediate() {
             (turn.try_take().ok_or_else(|| request.timed_out())?, None)
         } else {
@@ -315,32 +357,43 @@ impl<B: Backend> Core<B> {
             }
         };
         self.checkpoint(Stage::Register, key).await;
+        Ok(self.guard(request, granted, permit, task).await)
+    }
+
+    /// Registers a granted lock and hands out its guard.
+    async fn guard(
+        self: &Arc<Self>,
+        request: &Request<'_>,
+        granted: Granted<B::Session>,
+        permit: TurnPermit<B::Session>,
+        task: TaskMark,
+    ) -> LockGuard {
         let info = self.info(request).with_fencing_token(granted.token);
-        let (generation, signal) = self
-            .register(key, request.lock_id, request.mode, granted, permit)
-            .await;
+        let (generation, signal) = self.register(request, granted, permit, task).await;
         let guard = CoreGuard {
             core: Arc::clone(self),
-            key: key.to_owned(),
+            key: request.key.clone(),
             lock_id: request.lock_id,
             generation,
             signal,
             armed: true,
         };
-        Ok(LockGuard::new(info, Box::new(guard)))
+        LockGuard::new(info, Box::new(guard))
     }
 
     pub(crate) async fn try_acquire(
         self: &Arc<Self>,
-        key: &str,
+        key: &LockKey,
         mode: LockMode,
-    ) -> Result<Option<LockInfo>> {
-        let lock_id = lock_id(key);
+    ) -> Result<Option<LockGuard>> {
+        let target = key.target();
+        let lock_id = target.packed();
         let span = spans::try_acquire_span(self.tracing, key, lock_id, mode, self.holder_id());
         let mut recorder = Outcome::new(span.clone());
         let started = Instant::now();
         let request = Request {
             key,
+            target,
             lock_id,
             mode,
             timeout: Some(Duration::ZERO),
@@ -371,7 +424,7 @@ impl<B: Backend> Core<B> {
     async fn try_acquire_traced(
         self: &Arc<Self>,
         request: &Request<'_>,
-    ) -> Result<Option<LockInfo>> {
+    ) -> Result<Option<LockGuard>> {
         let key = request.key;
         self.checkpoint(Stage::Turn, key).await;
         let turn = self.state.lock().await.turn(key);
@@ -389,10 +442,10 @@ impl<B: Backend> Core<B> {
             handoffs: 0,
         };
         self.checkpoint(Stage::Register, key).await;
-        let info = self.info(request).with_fencing_token(token);
-        self.register(key, request.lock_id, request.mode, granted, permit)
-            .await;
-        Ok(Some(info))
+        Ok(Some(
+            self.guard(request, granted, permit, TaskMark::current())
+                .await,
+        ))
     }
 
     fn info(&self, request: &Request<'_>) -> LockInfo {
@@ -411,49 +464,33 @@ macro_rules! delegate_lock_manager {
     ($manager:ty) => {
         #[async_trait::async_trait]
         impl $crate::LockManager for $manager {
-            async fn acquire(
+            async fn acquire_key(
                 &self,
-                key: &str,
+                key: &$crate::LockKey,
+                mode: $crate::LockMode,
                 timeout: Option<std::time::Duration>,
             ) -> $crate::Result<$crate::LockGuard> {
-                self.core
-                    .acquire(key, $crate::LockMode::Exclusive, timeout)
-                    .await
+                self.core.acquire(key, mode, timeout).await
             }
 
-            async fn try_acquire(&self, key: &str) -> $crate::Result<Option<$crate::LockInfo>> {
-                self.core
-                    .try_acquire(key, $crate::LockMode::Exclusive)
-                    .await
-            }
-
-            async fn acquire_shared(
+            async fn try_acquire_key(
                 &self,
-                key: &str,
-                timeout: Option<std::time::Duration>,
-            ) -> $crate::Result<$crate::LockGuard> {
-                self.core
-                    .acquire(key, $crate::LockMode::Shared, timeout)
-                    .await
+                key: &$crate::LockKey,
+                mode: $crate::LockMode,
+            ) -> $crate::Result<Option<$crate::LockGuard>> {
+                self.core.try_acquire(key, mode).await
             }
 
-            async fn try_acquire_shared(
-                &self,
-                key: &str,
-            ) -> $crate::Result<Option<$crate::LockInfo>> {
-                self.core.try_acquire(key, $crate::LockMode::Shared).await
-            }
-
-            async fn release(&self, key: &str) -> $crate::Result<()> {
+            async fn release_key(&self, key: &$crate::LockKey) -> $crate::Result<()> {
                 self.core.release(key).await
+            }
+
+            async fn is_key_held(&self, key: &$crate::LockKey) -> bool {
+                self.core.is_held(key).await
             }
 
             async fn release_all(&self) -> $crate::Result<usize> {
                 self.core.release_all().await
-            }
-
-            async fn is_held(&self, key: &str) -> bool {
-                self.core.is_held(key).await
             }
 
             fn held_lock_count(&self) -> usize {

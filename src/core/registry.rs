@@ -10,20 +10,22 @@ use tracing::{Instrument, Span};
 
 use super::spans::{self, Outcome};
 use super::turn::{Handoff, Turn, TurnPermit};
-use super::{Backend, Core, Slots, Stage};
+use super::{Backend, Core, Request, Slots, Stage, TaskMark};
 use crate::telemetry::{self, outcome, via};
-use crate::{Error, LockMode, LossCause, LossSignal, Result, lock_id};
+use crate::{Error, LockKey, LockMode, LockTarget, LossCause, LossSignal, Result};
 
 pub(super) struct State<S: Send + 'static> {
-    pub(super) held: HashMap<String, Held<S>>,
+    pub(super) held: HashMap<LockKey, Held<S>>,
     /// One FIFO turn per key (see `turn.rs`).
-    pub(super) turns: Slots<String, Turn<S>>,
+    pub(super) turns: Slots<LockKey, Turn<S>>,
 }
 
 pub(super) struct Held<S: Send + 'static> {
     pub(super) generation: u64,
-    pub(super) lock_id: i64,
+    pub(super) target: LockTarget,
     pub(super) mode: LockMode,
+    /// Who acquired it (see `TaskMark`).
+    pub(super) task: TaskMark,
     pub(super) signal: LossSignal,
     pub(super) registered_at: Instant,
     /// When the server granted the lock this session holds (earlier than `registered_at` after
@@ -47,9 +49,9 @@ pub(super) struct Granted<S: Send + 'static> {
 /// A held lock as the loss detector sees it.
 #[derive(Debug, Clone)]
 pub(crate) struct Watched {
-    pub(crate) key: String,
+    pub(crate) key: LockKey,
     pub(crate) generation: u64,
-    pub(crate) lock_id: i64,
+    pub(crate) target: LockTarget,
     pub(crate) mode: LockMode,
     pub(crate) pid: Option<i32>,
     /// When the lock was granted: the last moment it was known to be held, until a probe says
@@ -65,11 +67,11 @@ impl<S: Send + 'static> State<S> {
         }
     }
 
-    pub(super) fn turn(&mut self, key: &str) -> Arc<Turn<S>> {
+    pub(super) fn turn(&mut self, key: &LockKey) -> Arc<Turn<S>> {
         self.turns.get(key)
     }
 
-    pub(super) fn take_generation(&mut self, key: &str, generation: u64) -> Option<Held<S>> {
+    pub(super) fn take_generation(&mut self, key: &LockKey, generation: u64) -> Option<Held<S>> {
         match self.held.get(key) {
             Some(held) if held.generation == generation => self.held.remove(key),
             _ => None,
@@ -80,18 +82,18 @@ impl<S: Send + 'static> State<S> {
 impl<B: Backend> Core<B> {
     pub(super) async fn register(
         self: &Arc<Self>,
-        key: &str,
-        lock_id: i64,
-        mode: LockMode,
+        request: &Request<'_>,
         granted: Granted<B::Session>,
         turn: TurnPermit<B::Session>,
+        task: TaskMark,
     ) -> (u64, LossSignal) {
         let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
         let signal = LossSignal::new();
         let held = Held {
             generation,
-            lock_id,
-            mode,
+            target: request.target,
+            mode: request.mode,
+            task,
             signal: signal.clone(),
             registered_at: Instant::now(),
             since: granted.since,
@@ -102,7 +104,7 @@ impl<B: Backend> Core<B> {
         {
             let mut state = self.state.lock().await;
             // Holding the key's turn makes this the only live acquisition of the key here.
-            let previous = state.held.insert(key.to_owned(), held);
+            let previous = state.held.insert(request.key.clone(), held);
             debug_assert!(previous.is_none(), "two live acquisitions of one key");
             self.set_held(state.held.len());
         }
@@ -119,7 +121,7 @@ impl<B: Backend> Core<B> {
             .map(|(key, held)| Watched {
                 key: key.clone(),
                 generation: held.generation,
-                lock_id: held.lock_id,
+                target: held.target,
                 mode: held.mode,
                 pid: B::session_pid(&held.session),
                 registered_at: held.registered_at,
@@ -128,7 +130,7 @@ impl<B: Backend> Core<B> {
     }
 
     /// Declares whatever acquisition of `key` is registered lost (see `declare_lost`).
-    pub(crate) async fn declare_key_lost(&self, key: &str, cause: LossCause) -> bool {
+    pub(crate) async fn declare_key_lost(&self, key: &LockKey, cause: LossCause) -> bool {
         let generation = self.state.lock().await.held.get(key).map(|h| h.generation);
         match generation {
             Some(generation) => self.declare_lost(key, generation, cause).await,
@@ -139,7 +141,12 @@ impl<B: Backend> Core<B> {
     /// Declares the acquisition `generation` of `key` lost: the registry forgets it, its
     /// session is dropped (which frees the lock if it is still held), its signal fires and the
     /// next local waiter may start. Returns false when that acquisition is no longer registered.
-    pub(crate) async fn declare_lost(&self, key: &str, generation: u64, cause: LossCause) -> bool {
+    pub(crate) async fn declare_lost(
+        &self,
+        key: &LockKey,
+        generation: u64,
+        cause: LossCause,
+    ) -> bool {
         let held = {
             let mut state = self.state.lock().await;
             let held = state.take_generation(key, generation);
@@ -155,7 +162,13 @@ impl<B: Backend> Core<B> {
             return false;
         };
         if self.tracing {
-            spans::lost(key, held.lock_id, held.mode, self.holder_id(), &cause);
+            spans::lost(
+                key,
+                held.target.packed(),
+                held.mode,
+                self.holder_id(),
+                &cause,
+            );
         }
         self.metrics.lost(&cause);
         drop(held);
@@ -163,7 +176,7 @@ impl<B: Backend> Core<B> {
     }
 
     /// Removes `key` from the registry, whoever acquired it.
-    async fn forget(&self, key: &str) -> Option<Held<B::Session>> {
+    async fn forget(&self, key: &LockKey) -> Option<Held<B::Session>> {
         let mut state = self.state.lock().await;
         let held = state.held.remove(key);
         self.set_held(state.held.len());
@@ -173,7 +186,7 @@ impl<B: Backend> Core<B> {
     /// Removes `key` from the registry only if it is still the acquisition `generation`.
     pub(super) async fn forget_generation(
         &self,
-        key: &str,
+        key: &LockKey,
         generation: u64,
     ) -> Option<Held<B::Session>> {
         let mut state = self.state.lock().await;
@@ -182,23 +195,23 @@ impl<B: Backend> Core<B> {
         held
     }
 
-    pub(crate) async fn release(&self, key: &str) -> Result<()> {
+    pub(crate) async fn release(&self, key: &LockKey) -> Result<()> {
         let mut recorder = self.release_outcome(key, via::KEY);
         let span = recorder.span().clone();
         let Some(held) = self.forget(key).instrument(span.clone()).await else {
             if self.tracing {
-                span.record(telemetry::LOCK_ID, lock_id(key));
+                span.record(telemetry::LOCK_ID, key.target().packed());
             }
             recorder.finish(outcome::NOT_HELD, false);
             return Err(Error::NotHeld {
-                key: key.to_owned(),
+                key: key.to_string(),
             });
         };
         self.unlock(key, held, recorder).await
     }
 
     pub(crate) async fn release_all(&self) -> Result<usize> {
-        let drained: Vec<(String, Held<B::Session>)> = {
+        let drained: Vec<(LockKey, Held<B::Session>)> = {
             let mut state = self.state.lock().await;
             let drained = state.held.drain().collect();
             self.set_held(0);
@@ -218,7 +231,7 @@ impl<B: Backend> Core<B> {
 
     pub(super) async fn release_generation(
         &self,
-        key: &str,
+        key: &LockKey,
         generation: u64,
         how: &'static str,
     ) -> Result<bool> {
@@ -232,7 +245,7 @@ impl<B: Backend> Core<B> {
             Some(held) => self.unlock(key, held, recorder).await.map(|()| true),
             None => {
                 if self.tracing {
-                    span.record(telemetry::LOCK_ID, lock_id(key));
+                    span.record(telemetry::LOCK_ID, key.target().packed());
                 }
                 recorder.finish(outcome::ALREADY_RELEASED, false);
                 Ok(false)
@@ -240,7 +253,7 @@ impl<B: Backend> Core<B> {
         }
     }
 
-    pub(super) fn release_outcome(&self, key: &str, how: &'static str) -> Outcome {
+    pub(super) fn release_outcome(&self, key: &LockKey, how: &'static str) -> Outcome {
         Outcome::new(spans::release_span(
             self.tracing,
             key,
@@ -254,16 +267,18 @@ impl<B: Backend> Core<B> {
     /// local waiter in.
     pub(super) async fn unlock(
         &self,
-        key: &str,
+        key: &LockKey,
         held: Held<B::Session>,
         mut recorder: Outcome,
     ) -> Result<()> {
         let span: Span = recorder.span().clone();
-        span.record(telemetry::LOCK_ID, held.lock_id);
+        span.record(telemetry::LOCK_ID, held.target.packed());
         span.record(telemetry::MODE, held.mode.as_str());
+        self.metrics
+            .hold_time(held.mode, held.registered_at.elapsed());
         self.checkpoint(Stage::Unlock, key).await;
         let Held {
-            lock_id,
+            target,
             mode,
             session,
             turn,
@@ -293,7 +308,7 @@ impl<B: Backend> Core<B> {
         };
         let result = self
             .backend
-            .unlock(key, lock_id, mode, session)
+            .unlock(key, target, mode, session)
             .instrument(span.clone())
             .await;
         drop(turn);

@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use tracing::{Span, field::Empty};
 
-use crate::LockMode;
 use crate::telemetry::{self, outcome};
+use crate::{LockKey, LockMode};
 
 pub(crate) fn acquire_span(
     enabled: bool,
-    key: &str,
+    key: &LockKey,
     lock_id: i64,
     mode: LockMode,
     timeout: Option<Duration>,
@@ -21,7 +21,7 @@ pub(crate) fn acquire_span(
     }
     let span = tracing::info_span!(
         telemetry::ACQUIRE_SPAN,
-        { telemetry::KEY } = key,
+        { telemetry::KEY } = %key,
         { telemetry::LOCK_ID } = lock_id,
         { telemetry::MODE } = mode.as_str(),
         { telemetry::TIMEOUT_MS } = Empty,
@@ -38,7 +38,7 @@ pub(crate) fn acquire_span(
 
 pub(crate) fn try_acquire_span(
     enabled: bool,
-    key: &str,
+    key: &LockKey,
     lock_id: i64,
     mode: LockMode,
     holder_id: Option<&str>,
@@ -48,7 +48,7 @@ pub(crate) fn try_acquire_span(
     }
     tracing::info_span!(
         telemetry::TRY_ACQUIRE_SPAN,
-        { telemetry::KEY } = key,
+        { telemetry::KEY } = %key,
         { telemetry::LOCK_ID } = lock_id,
         { telemetry::MODE } = mode.as_str(),
         { telemetry::HOLDER_ID } = holder_id,
@@ -60,7 +60,7 @@ pub(crate) fn try_acquire_span(
 /// The release span; the lock id and mode are recorded once the entry is known.
 pub(crate) fn release_span(
     enabled: bool,
-    key: &str,
+    key: &LockKey,
     holder_id: Option<&str>,
     how: &'static str,
 ) -> Span {
@@ -69,7 +69,7 @@ pub(crate) fn release_span(
     }
     tracing::info_span!(
         telemetry::RELEASE_SPAN,
-        { telemetry::KEY } = key,
+        { telemetry::KEY } = %key,
         { telemetry::LOCK_ID } = Empty,
         { telemetry::MODE } = Empty,
         { telemetry::HOLDER_ID } = holder_id,
@@ -81,7 +81,7 @@ pub(crate) fn release_span(
 
 /// Emits the `pglock.lost` span and its warning.
 pub(crate) fn lost(
-    key: &str,
+    key: &LockKey,
     lock_id: i64,
     mode: LockMode,
     holder_id: Option<&str>,
@@ -89,7 +89,7 @@ pub(crate) fn lost(
 ) {
     let span = tracing::warn_span!(
         telemetry::LOST_SPAN,
-        { telemetry::KEY } = key,
+        { telemetry::KEY } = %key,
         { telemetry::LOCK_ID } = lock_id,
         { telemetry::MODE } = mode.as_str(),
         { telemetry::HOLDER_ID } = holder_id,

@@ -14,7 +14,7 @@ use super::sessions::LockSessions;
 use super::statements::Statements;
 use super::wait_session::{IdleSessions, PgSession};
 use crate::core::{Backend, Core, Request};
-use crate::{Error, LockMode, ReleaseFailure, Result};
+use crate::{Error, LockKey, LockMode, LockTarget, ReleaseFailure, Result};
 
 pub(crate) struct PgBackend {
     pub(crate) pool: PgPool,
@@ -54,9 +54,9 @@ impl PgBackend {
             let deadline = req.deadline.filter(|_| !req.is_immediate());
             let session = self
                 .sessions
-                .get(req.key, deadline.map_or(bound, |d| d.min(bound)))
+                .get(&req.name(), deadline.map_or(bound, |d| d.min(bound)))
                 .await?;
-            match session.try_lock(req.lock_id, req.mode, deadline).await {
+            match session.try_lock(req.target, req.mode, deadline).await {
                 Ok(granted) => {
                     return Ok(granted.map(|(lease, token)| (Hold::Shared(lease), token)));
                 }
@@ -64,7 +64,7 @@ impl PgBackend {
                     if retries > 0 && deadline.is_none_or(|d| Instant::now() < d) =>
                 {
                     retries -= 1;
-                    tracing::debug!(key = req.key, "lock session closed; retrying on another");
+                    tracing::debug!(key = %req.key, "lock session closed; retrying on another");
                 }
                 Err(err) => return Err(acquire_error(req, err)),
             }
@@ -94,30 +94,32 @@ impl PgBackend {
 fn acquire_error(req: &Request<'_>, err: SessionError) -> Error {
     match err {
         SessionError::Deadline => req.timed_out(),
-        SessionError::Database(err) => Error::database(req.key, req.timeout, err),
-        SessionError::Closed(Some(err)) => super::errors::connection_error(req.key, err),
+        SessionError::Database(err) => Error::database(&req.name(), req.timeout, err),
+        SessionError::Closed(Some(err)) => super::errors::connection_error(&req.name(), err),
         SessionError::Closed(None) => Error::Connection {
-            key: req.key.to_owned(),
+            key: req.name(),
             reason: "the lock session closed".to_owned(),
             source: None,
         },
         SessionError::Unanswered(after) => Error::Connection {
-            key: req.key.to_owned(),
+            key: req.name(),
             reason: format!("the server did not answer within {after:?}; the session was closed"),
             source: None,
         },
+        SessionError::Pooled => Error::TransactionPooling { key: req.name() },
     }
 }
 
 /// What a failed unlock on a lock session means for a release.
-fn release_error(key: &str, err: SessionError) -> Error {
+fn release_error(key: &LockKey, err: SessionError) -> Error {
     let (reason, source) = match err {
         SessionError::Database(err) => (ReleaseFailure::Database(err.to_string()), Some(err)),
         SessionError::Unanswered(after) => (ReleaseFailure::Timeout(after), None),
         SessionError::Closed(_) | SessionError::Deadline => (ReleaseFailure::SessionClosed, None),
+        SessionError::Pooled => (ReleaseFailure::TransactionPooling, None),
     };
     Error::ReleaseFailed {
-        key: key.to_owned(),
+        key: key.to_string(),
         reason,
         source,
     }
@@ -133,8 +135,9 @@ impl Backend for PgBackend {
         if req.is_immediate() {
             return Err(req.timed_out());
         }
-        // Held elsewhere: wait in the server's queue, on a session of our own.
-        let (session, token) = self.wait(req).await?;
+        // Held elsewhere: wait in the server's queue, on a session of our own. Boxed, so the
+        // uncontended path's future stays small.
+        let (session, token) = Box::pin(self.wait(req)).await?;
         Ok((Hold::Own(session), token))
     }
 
@@ -145,22 +148,28 @@ impl Backend for PgBackend {
     async fn refence(&self, req: &Request<'_>, session: &mut Hold) -> Result<Option<i64>> {
         match session {
             Hold::Shared(lease) => lease.mint().await.map_err(|err| acquire_error(req, err)),
-            Hold::Own(session) => self.mint_on(req, session).await,
+            Hold::Own(session) => Box::pin(self.mint_on(req, session)).await,
         }
     }
 
-    async fn unlock(&self, key: &str, lock_id: i64, mode: LockMode, session: Hold) -> Result<()> {
+    async fn unlock(
+        &self,
+        key: &LockKey,
+        target: LockTarget,
+        mode: LockMode,
+        session: Hold,
+    ) -> Result<()> {
         match session {
             Hold::Shared(lease) => match lease.unlock().await {
                 Ok(true) => Ok(()),
                 Ok(false) => Err(Error::ReleaseFailed {
-                    key: key.to_owned(),
+                    key: key.to_string(),
                     reason: ReleaseFailure::NotHeldOnServer,
                     source: None,
                 }),
                 Err(err) => Err(release_error(key, err)),
             },
-            Hold::Own(session) => self.unlock_own(key, lock_id, mode, session).await,
+            Hold::Own(session) => Box::pin(self.unlock_own(key, target, mode, session)).await,
         }
     }
 
@@ -181,25 +190,30 @@ impl PgBackend {
     /// other outcome it is closed as it drops, which frees whatever it held.
     async fn unlock_own(
         &self,
-        key: &str,
-        lock_id: i64,
+        key: &LockKey,
+        target: LockTarget,
         mode: LockMode,
         mut session: PgSession,
     ) -> Result<()> {
-        let unlocked = sqlx::query_scalar::<_, bool>(Statements::unlock(mode))
-            .bind(lock_id)
-            .fetch_one(session.conn());
+        let query = sqlx::query_scalar::<_, Option<bool>>(Statements::unlock(mode, target));
+        let query = match target {
+            LockTarget::BigInt(id) => query.bind(id),
+            LockTarget::IntPair(a, b) => query.bind(a).bind(b),
+        }
+        .bind(session.pid);
+        let unlocked = query.fetch_one(session.conn());
         let (reason, source) = match timeout(self.release_timeout, unlocked).await {
-            Ok(Ok(true)) => {
+            Ok(Ok(Some(true))) => {
                 session.mark_clean();
                 return Ok(());
             }
-            Ok(Ok(false)) => (ReleaseFailure::NotHeldOnServer, None),
+            Ok(Ok(Some(false))) => (ReleaseFailure::NotHeldOnServer, None),
+            Ok(Ok(None)) => (ReleaseFailure::TransactionPooling, None),
             Ok(Err(err)) => (ReleaseFailure::Database(err.to_string()), Some(err)),
             Err(_) => (ReleaseFailure::Timeout(self.release_timeout), None),
         };
         Err(Error::ReleaseFailed {
-            key: key.to_owned(),
+            key: key.to_string(),
             reason,
             source,
         })

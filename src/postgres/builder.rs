@@ -36,6 +36,7 @@ pub struct PostgresLockManagerBuilder {
     allow_standby: bool,
     meter: crate::metrics::MeterChoice,
     hook: Option<Hook>,
+    defer_drops: bool,
 }
 
 impl PostgresLockManagerBuilder {
@@ -57,6 +58,7 @@ impl PostgresLockManagerBuilder {
             allow_standby: false,
             meter: Default::default(),
             hook: None,
+            defer_drops: false,
         }
     }
 
@@ -80,8 +82,9 @@ impl PostgresLockManagerBuilder {
     /// Mints a [fencing token](crate::LockInfo::fencing_token) for every acquisition, kept in
     /// `table`.
     ///
-    /// Tokens strictly increase per key across acquisitions, releases, handoffs and restarts
-    /// of the application or the server, and never repeat. Minting rides on the acquisition's
+    /// Tokens strictly increase per key across acquisitions, releases, handoffs, restarts of
+    /// the application or the server, server crashes and failovers to a promoted standby, and
+    /// never repeat (see [`FencingTable`] for how, and for the limits). Minting rides on the acquisition's
     /// own statement (or message), so it adds no round trip; an in-process handoff mints with
     /// one. The table is created on first use (see [`FencingTable`]). Default: off.
     pub fn fencing(mut self, table: FencingTable) -> Self {
@@ -136,7 +139,9 @@ impl PostgresLockManagerBuilder {
     ///
     /// Advisory locks are not replicated: a lock on a standby excludes only the standby's other
     /// sessions, never the primary's. Turn this on only if every contender uses the same
-    /// standby on purpose.
+    /// standby on purpose. Fencing does not work there: a standby cannot store a token, so
+    /// fenced acquisitions fail. The loss probe does not count a lock as lost merely because
+    /// its server is in recovery.
     pub fn allow_standby(mut self, allow: bool) -> Self {
         self.allow_standby = allow;
         self
@@ -209,7 +214,17 @@ impl PostgresLockManagerBuilder {
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn meter(mut self, meter: opentelemetry::metrics::Meter) -> Self {
-        self.meter = Some(meter);
+        self.meter.meter = Some(meter);
+        self
+    }
+
+    /// Puts the holder id on every metric series as the `pglock.holder_id` attribute. Turn it
+    /// on only when holder ids are few and stable: each distinct id is a new set of series
+    /// (see [`telemetry::metrics`](crate::telemetry::metrics#cardinality)). Default: off.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn metrics_holder_id(mut self, enabled: bool) -> Self {
+        self.meter.holder_id = enabled;
         self
     }
 
@@ -218,6 +233,15 @@ impl PostgresLockManagerBuilder {
     #[doc(hidden)]
     pub fn stage_hook(mut self, hook: crate::testing::StageHook) -> Self {
         self.hook = Some(hook);
+        self
+    }
+
+    /// Makes every dropped guard release through the path taken when the registry is busy at
+    /// that moment (tests only).
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn defer_guard_drops(mut self) -> Self {
+        self.defer_drops = true;
         self
     }
 
@@ -233,6 +257,7 @@ impl PostgresLockManagerBuilder {
         let probe = self.probe_interval.map(|interval| Probe {
             interval,
             grace: self.probe_grace,
+            allow_standby: self.allow_standby,
         });
         let monitor = Monitor::new(
             probe,
@@ -273,6 +298,7 @@ impl PostgresLockManagerBuilder {
             holder_id: Some(holder_id),
             tracing: self.tracing,
             hook: self.hook,
+            defer_drops: self.defer_drops,
             handoff: self.handoff,
         };
         PostgresLockManager {

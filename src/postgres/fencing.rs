@@ -8,13 +8,38 @@ use crate::Result;
 /// tokens: one row per lock id, holding the last token minted for it.
 ///
 /// A fencing token is a number that strictly increases with every acquisition of a key, across
-/// releases, process restarts and server restarts, and is never handed out twice. Carry it with
+/// releases, process restarts, server restarts and crashes, and failovers to a promoted
+/// standby, and is never handed out twice (within the limits below). Carry it with
 /// every write made under the lock, and have the resource reject writes whose token is lower
 /// than the highest it has accepted: a holder that lost its lock without knowing (a long pause,
 /// a partition) can then no longer overwrite the work of the holder that came after it. For a
 /// read-modify-write, the resource must see the token before the read as well:
 /// [`RowFence`](crate::RowFence) does that for rows of your own tables, and `examples/fencing.rs`
-/// plays out both checks. Only compare tokens; their numeric layout is not promised.
+/// plays out both checks. Only compare tokens, and store them as 64-bit integers (`bigint`).
+///
+/// # How tokens survive crashes and failovers
+///
+/// * The statement that mints a token commits durably (its WAL is flushed before the lock is
+///   reported granted), whatever the session's or the server's `synchronous_commit`, so a
+///   server crash cannot take back a token that was handed out. `tests/ha.rs` crashes a server
+///   (immediate stop) that commits asynchronously and loses commits in the crash: no token is
+///   handed out twice.
+/// * With asynchronous replication a promoted standby may lack the latest tokens of the old
+///   primary. Tokens therefore carry the server's WAL timeline, which grows at every promotion,
+///   in their high bits: `(timeline << 40) + n`. The first token after a promotion exceeds
+///   every token before it. `tests/ha.rs` mints tokens on a primary that its standby never
+///   receives, kills the primary and promotes the standby: every new token exceeds every old
+///   one.
+/// * Tokens minted by versions of pglock that counted from 1 stay below every such token, so an
+///   upgrade keeps them increasing; expect a jump to about 2^40 at the first acquisition after
+///   upgrading.
+///
+/// Limits: the timeline is only as good as the cluster's history. Two servers promoted from
+/// the same timeline (two standbys, or a split brain) can mint equal tokens; a copy of the
+/// table moved into a new cluster (dump and restore) repeats unreplicated tokens at its first
+/// failovers until its timeline passes the stored tokens'; restoring an old copy of the data
+/// directory without recovery takes tokens back. Durability against a machine crash rests on
+/// the server's `fsync`, as for any commit. See `docs/failure-model.md`.
 ///
 /// The name is used as given, quoted as an identifier (so it is case-sensitive and any
 /// character is allowed); `schema.table` names a table in a schema. The table is created on
@@ -65,19 +90,17 @@ impl FencingTable {
     /// literal `id`.
     pub(crate) fn mint(&self, id: &str) -> String {
         format!(
-            "INSERT INTO {t} AS f (lock_id, token) VALUES ({id}, 1) \
-             ON CONFLICT (lock_id) DO UPDATE SET token = f.token + 1, updated_at = now() \
-             RETURNING f.token",
+            "INSERT INTO {t} AS f (lock_id, token) SELECT {id}, {EPOCH} + 1 WHERE {DURABLE} {NEXT}",
             t = self.quoted
         )
     }
 
-    /// As [`mint`](Self::mint), only for the rows of `source` whose `granted` is true.
-    pub(crate) fn mint_if_granted(&self, source: &str) -> String {
+    /// As [`mint`](Self::mint) for the row `id` (an SQL expression), only for the rows of
+    /// `source` whose `granted` is true.
+    pub(crate) fn mint_if_granted(&self, source: &str, id: &str) -> String {
         format!(
-            "INSERT INTO {t} AS f (lock_id, token) SELECT $1, 1 FROM {source} WHERE {source}.granted \
-             ON CONFLICT (lock_id) DO UPDATE SET token = f.token + 1, updated_at = now() \
-             RETURNING f.token",
+            "INSERT INTO {t} AS f (lock_id, token) SELECT {id}, {EPOCH} + 1 FROM {source} \
+             WHERE {source}.granted AND {DURABLE} {NEXT}",
             t = self.quoted
         )
     }
@@ -92,6 +115,23 @@ impl FencingTable {
         )
     }
 }
+
+// DO NOT CHANGE the layout below without a migration story: tokens already handed out must stay
+// lower than every token handed out after an upgrade.
+//
+// A token is `(epoch << 40) + n`. The epoch is the server's WAL timeline, which grows by one at
+// every promotion of a standby; `n` counts acquisitions within the epoch. A promoted standby may
+// have missed the latest tokens of the old primary (asynchronous replication), but its first
+// token is `((epoch + 1) << 40) + 1`, above all of them. Rows written before the epoch existed
+// (plain counters) are below every epoch's first token, so upgrading keeps tokens increasing.
+const EPOCH: &str =
+    "(('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 << 40)";
+/// Makes the minting transaction's commit wait for its WAL flush whatever the session's
+/// `synchronous_commit`: a token lost in a crash could be handed out again.
+const DURABLE: &str = "set_config('synchronous_commit', 'on', true) IS NOT NULL";
+/// The next token: one above the last, and never below the epoch's first.
+const NEXT: &str = "ON CONFLICT (lock_id) DO UPDATE \
+     SET token = GREATEST(f.token + 1, EXCLUDED.token), updated_at = now() RETURNING f.token";
 
 impl Default for FencingTable {
     fn default() -> Self {

@@ -12,13 +12,15 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use sqlx::AssertSqlSafe;
+use std::pin::Pin;
 use tokio::sync::{mpsc, oneshot};
-use tokio::time::{Instant, timeout, timeout_at};
+
+use tokio::time::{Instant, Sleep, timeout_at};
 
 use super::errors::breaks_connection;
 use super::statements::Statements;
 use super::wait_session::PgSession;
-use crate::LockMode;
+use crate::{LockMode, LockTarget};
 
 /// Why a command did not complete.
 #[derive(Debug)]
@@ -32,6 +34,9 @@ pub(crate) enum SessionError {
     Unanswered(Duration),
     /// The caller's deadline passed before the answer came (any grant is undone).
     Deadline,
+    /// The statement ran on another server session than the one set up: the connection goes
+    /// through a transaction-pooling proxy. Nothing was taken; the session was closed.
+    Pooled,
 }
 
 /// What the task of every session needs to know, and whom it tells when it ends.
@@ -56,17 +61,17 @@ type TryAnswer = Result<Option<(Lease, Option<i64>)>, SessionError>;
 
 enum Command {
     Try {
-        lock_id: i64,
+        target: LockTarget,
         mode: LockMode,
         reply: oneshot::Sender<TryAnswer>,
     },
     Unlock {
-        lock_id: i64,
+        target: LockTarget,
         mode: LockMode,
         reply: Option<oneshot::Sender<Result<bool, SessionError>>>,
     },
     Mint {
-        lock_id: i64,
+        target: LockTarget,
         reply: oneshot::Sender<Result<Option<i64>, SessionError>>,
     },
 }
@@ -105,6 +110,8 @@ impl LockSession {
             let task = Task {
                 id,
                 conn,
+                watchdog: Watchdog::new(),
+                last_active: Instant::now(),
                 inbox,
                 me: me.clone(),
                 shared: Arc::clone(&shared),
@@ -130,6 +137,11 @@ impl LockSession {
         self.shared.queued.load(Ordering::SeqCst)
     }
 
+    /// Locks held on this session.
+    pub(crate) fn held(&self) -> usize {
+        self.shared.held.load(Ordering::SeqCst)
+    }
+
     fn send(&self, command: Command) -> Result<(), SessionError> {
         self.shared.queued.fetch_add(1, Ordering::SeqCst);
         self.commands.send(command).map_err(|_| {
@@ -145,13 +157,13 @@ impl LockSession {
     /// nobody is left to receive.
     pub(crate) async fn try_lock(
         &self,
-        lock_id: i64,
+        target: LockTarget,
         mode: LockMode,
         deadline: Option<Instant>,
     ) -> TryAnswer {
         let (reply, answer) = oneshot::channel();
         self.send(Command::Try {
-            lock_id,
+            target,
             mode,
             reply,
         })?;
@@ -168,7 +180,7 @@ impl LockSession {
 /// A lock granted on a lock session. Dropping it unlocks in the background.
 pub(crate) struct Lease {
     session: Arc<LockSession>,
-    lock_id: i64,
+    target: LockTarget,
     mode: LockMode,
     armed: bool,
 }
@@ -186,7 +198,7 @@ impl Lease {
         self.armed = false;
         let (reply, answer) = oneshot::channel();
         self.session.send(Command::Unlock {
-            lock_id: self.lock_id,
+            target: self.target,
             mode: self.mode,
             reply: Some(reply),
         })?;
@@ -199,7 +211,7 @@ impl Lease {
     pub(crate) async fn mint(&self) -> Result<Option<i64>, SessionError> {
         let (reply, answer) = oneshot::channel();
         self.session.send(Command::Mint {
-            lock_id: self.lock_id,
+            target: self.target,
             reply,
         })?;
         answer.await.unwrap_or(Err(SessionError::Closed(None)))
@@ -212,7 +224,7 @@ impl Drop for Lease {
             // Queued behind whatever the session runs now; nothing to wait for. If the session
             // has closed, the lock went with it.
             let _ = self.session.send(Command::Unlock {
-                lock_id: self.lock_id,
+                target: self.target,
                 mode: self.mode,
                 reply: None,
             });
@@ -225,7 +237,7 @@ impl std::fmt::Debug for Lease {
         f.debug_struct("Lease")
             .field("session", &self.session.id)
             .field("pid", &self.session.pid)
-            .field("lock_id", &self.lock_id)
+            .field("target", &self.target)
             .field("mode", &self.mode)
             .finish()
     }
@@ -235,6 +247,9 @@ impl std::fmt::Debug for Lease {
 struct Task {
     id: u64,
     conn: PgSession,
+    watchdog: Watchdog,
+    /// When the last command finished.
+    last_active: Instant,
     inbox: mpsc::UnboundedReceiver<Command>,
     me: Weak<LockSession>,
     shared: Arc<Shared>,
@@ -259,6 +274,7 @@ impl Task {
     async fn run(mut self) {
         while let Some(command) = self.next().await {
             let outcome = self.execute(command).await;
+            self.last_active = Instant::now();
             self.shared.queued.fetch_sub(1, Ordering::SeqCst);
             if outcome.is_err() {
                 return self.close();
@@ -276,9 +292,10 @@ impl Task {
             {
                 return self.inbox.recv().await;
             }
+            let idle_until = self.last_active + self.context.idle_timeout;
             tokio::select! {
                 command = self.inbox.recv() => return command,
-                () = tokio::time::sleep(self.context.idle_timeout) => {
+                () = self.watchdog.until(idle_until) => {
                     if self.shared.held.load(Ordering::SeqCst) == 0 && self.inbox.is_empty() {
                         // Handles taken before this still work; the task ends with the last.
                         self.shared.unavailable.store(true, Ordering::SeqCst);
@@ -304,27 +321,29 @@ impl Task {
     async fn execute(&mut self, command: Command) -> Result<(), Broken> {
         match command {
             Command::Try {
-                lock_id,
+                target,
                 mode,
                 reply,
-            } => self.try_lock(lock_id, mode, reply).await,
+            } => self.try_lock(target, mode, reply).await,
             Command::Unlock {
-                lock_id,
+                target,
                 mode,
                 reply,
             } => {
-                let result = self.unlock(lock_id, mode).await;
+                let result = self.unlock(target, mode).await;
                 let broken = matches!(
                     result,
-                    Err(SessionError::Closed(_) | SessionError::Unanswered(_))
+                    Err(SessionError::Closed(_)
+                        | SessionError::Unanswered(_)
+                        | SessionError::Pooled)
                 );
                 if let Some(reply) = reply {
                     let _ = reply.send(result);
                 }
                 if broken { Err(Broken) } else { Ok(()) }
             }
-            Command::Mint { lock_id, reply } => {
-                let result = self.mint(lock_id).await;
+            Command::Mint { target, reply } => {
+                let result = self.mint(target).await;
                 let broken = matches!(
                     result,
                     Err(SessionError::Closed(_) | SessionError::Unanswered(_))
@@ -337,14 +356,19 @@ impl Task {
 
     async fn try_lock(
         &mut self,
-        lock_id: i64,
+        target: LockTarget,
         mode: LockMode,
         reply: oneshot::Sender<TryAnswer>,
     ) -> Result<(), Broken> {
-        let statement = self.context.statements.try_lock(mode);
-        let query =
-            sqlx::query_as::<_, (bool, Option<i64>)>(AssertSqlSafe(statement)).bind(lock_id);
-        let answer = timeout(
+        let statement = self.context.statements.try_lock(mode, target);
+        let query = sqlx::query_as::<_, (Option<bool>, Option<i64>)>(AssertSqlSafe(statement));
+        let query = match target {
+            LockTarget::BigInt(id) => query.bind(id),
+            LockTarget::IntPair(a, b) => query.bind(a).bind(b),
+        }
+        .bind(self.conn.pid);
+        let answer = bounded(
+            &mut self.watchdog,
             self.context.statement_timeout,
             query.fetch_one(self.conn.conn()),
         )
@@ -354,7 +378,7 @@ impl Task {
             Err(SessionError::Database(err)) => {
                 // A fenced try can fail after its lock was granted (the mint failed), and a
                 // session lock survives the failed statement: make sure it is not held.
-                self.reconcile(lock_id, mode).await?;
+                self.reconcile(target, mode).await?;
                 let _ = reply.send(Err(SessionError::Database(err)));
                 return Ok(());
             }
@@ -363,6 +387,10 @@ impl Task {
                 return Err(Broken);
             }
         };
+        let Some(granted) = granted else {
+            let _ = reply.send(Err(SessionError::Pooled));
+            return Err(Broken);
+        };
         if !granted {
             let _ = reply.send(Ok(None));
             return Ok(());
@@ -370,11 +398,11 @@ impl Task {
         self.shared.held.fetch_add(1, Ordering::SeqCst);
         let Some(session) = self.me.upgrade() else {
             // No handle left, so no caller is waiting.
-            return self.undo(lock_id, mode).await;
+            return self.undo(target, mode).await;
         };
         let lease = Lease {
             session,
-            lock_id,
+            target,
             mode,
             armed: true,
         };
@@ -385,21 +413,27 @@ impl Task {
                 if let Ok(Some((mut lease, _))) = unsent {
                     lease.armed = false;
                 }
-                self.undo(lock_id, mode).await
+                self.undo(target, mode).await
             }
         }
     }
 
-    async fn undo(&mut self, lock_id: i64, mode: LockMode) -> Result<(), Broken> {
-        match self.unlock(lock_id, mode).await {
+    async fn undo(&mut self, target: LockTarget, mode: LockMode) -> Result<(), Broken> {
+        match self.unlock(target, mode).await {
             Ok(_) | Err(SessionError::Database(_)) => Ok(()),
             Err(_) => Err(Broken),
         }
     }
 
-    async fn unlock(&mut self, lock_id: i64, mode: LockMode) -> Result<bool, SessionError> {
-        let query = sqlx::query_scalar::<_, bool>(Statements::unlock(mode)).bind(lock_id);
-        let answer = timeout(
+    async fn unlock(&mut self, target: LockTarget, mode: LockMode) -> Result<bool, SessionError> {
+        let query = sqlx::query_scalar::<_, Option<bool>>(Statements::unlock(mode, target));
+        let query = match target {
+            LockTarget::BigInt(id) => query.bind(id),
+            LockTarget::IntPair(a, b) => query.bind(a).bind(b),
+        }
+        .bind(self.conn.pid);
+        let answer = bounded(
+            &mut self.watchdog,
             self.context.statement_timeout,
             query.fetch_one(self.conn.conn()),
         )
@@ -407,15 +441,16 @@ impl Task {
         // Whatever the server says, this session no longer holds the lock for us: either it
         // unlocked, or it did not hold it, or the session is about to close.
         self.shared.held.fetch_sub(1, Ordering::SeqCst);
-        self.settle(answer)
+        self.settle(answer)?.ok_or(SessionError::Pooled)
     }
 
-    async fn mint(&mut self, lock_id: i64) -> Result<Option<i64>, SessionError> {
+    async fn mint(&mut self, target: LockTarget) -> Result<Option<i64>, SessionError> {
         let Some(statement) = self.context.statements.mint() else {
             return Ok(None);
         };
-        let query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(statement)).bind(lock_id);
-        let answer = timeout(
+        let query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(statement)).bind(target.packed());
+        let answer = bounded(
+            &mut self.watchdog,
             self.context.statement_timeout,
             query.fetch_one(self.conn.conn()),
         )
@@ -423,24 +458,12 @@ impl Task {
         self.settle(answer).map(Some)
     }
 
-    /// Releases `lock_id` in `mode` if, and only if, this session holds it.
-    async fn reconcile(&mut self, lock_id: i64, mode: LockMode) -> Result<(), Broken> {
-        let (classid, objid) = crate::split_lock_id(lock_id);
-        let function = match mode {
-            LockMode::Exclusive => "pg_advisory_unlock",
-            LockMode::Shared => "pg_advisory_unlock_shared",
-        };
-        let lock_mode = match mode {
-            LockMode::Exclusive => "ExclusiveLock",
-            LockMode::Shared => "ShareLock",
-        };
-        let sql = format!(
-            "SELECT {function}($1) FROM pg_locks WHERE locktype = 'advisory' \
-             AND pid = pg_backend_pid() AND classid = {classid} AND objid = {objid} \
-             AND objsubid = 1 AND mode = '{lock_mode}' AND granted"
-        );
-        let query = sqlx::query(AssertSqlSafe(sql)).bind(lock_id);
-        let answer = timeout(
+    /// Releases `target` in `mode` if, and only if, this session holds it.
+    async fn reconcile(&mut self, target: LockTarget, mode: LockMode) -> Result<(), Broken> {
+        let sql = Statements::unlock_if_held(target, mode);
+        let query = sqlx::query(AssertSqlSafe(sql));
+        let answer = bounded(
+            &mut self.watchdog,
             self.context.statement_timeout,
             query.fetch_all(self.conn.conn()),
         )
@@ -450,29 +473,69 @@ impl Task {
 
     /// Turns a statement's answer into a result, keeping the session only when the statement
     /// completed or the server refused it.
-    fn settle<T>(
-        &mut self,
-        answer: Result<Result<T, sqlx::Error>, tokio::time::error::Elapsed>,
-    ) -> Result<T, SessionError> {
+    fn settle<T>(&mut self, answer: Option<Result<T, sqlx::Error>>) -> Result<T, SessionError> {
         match answer {
-            Ok(Ok(value)) => {
+            Some(Ok(value)) => {
                 self.conn.mark_clean();
                 Ok(value)
             }
-            Ok(Err(err)) if !breaks_connection(&err) => {
+            Some(Err(err)) if !breaks_connection(&err) => {
                 self.conn.mark_clean();
                 Err(SessionError::Database(err))
             }
             // The session is done for: stop handing it out before anyone hears of it, so a
             // caller that retries is given another.
-            Ok(Err(err)) => {
+            Some(Err(err)) => {
                 self.shared.unavailable.store(true, Ordering::SeqCst);
                 Err(SessionError::Closed(Some(err)))
             }
-            Err(_) => {
+            None => {
                 self.shared.unavailable.store(true, Ordering::SeqCst);
                 Err(SessionError::Unanswered(self.context.statement_timeout))
             }
+        }
+    }
+}
+
+/// Runs `statement`, or gives up on it (`None`) once it has gone unanswered for `limit`.
+async fn bounded<T>(
+    watchdog: &mut Watchdog,
+    limit: Duration,
+    statement: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    let due = Instant::now() + limit;
+    tokio::select! {
+        biased;
+        answer = statement => Some(answer),
+        () = watchdog.until(due) => None,
+    }
+}
+
+/// One timer for a task's time limits (a statement's answer, an idle session's retirement).
+/// It is re-armed only when it fires early or must fire sooner, not for every statement:
+/// arming a timer per statement costs more than the statement's own client-side work.
+struct Watchdog {
+    sleep: Pin<Box<Sleep>>,
+}
+
+impl Watchdog {
+    fn new() -> Self {
+        Watchdog {
+            sleep: Box::pin(tokio::time::sleep(Duration::from_secs(3600))),
+        }
+    }
+
+    /// Completes once `due` has passed.
+    async fn until(&mut self, due: Instant) {
+        if self.sleep.deadline() > due {
+            self.sleep.as_mut().reset(due);
+        }
+        loop {
+            self.sleep.as_mut().await;
+            if Instant::now() >= due {
+                return;
+            }
+            self.sleep.as_mut().reset(due);
         }
     }
 }

@@ -18,12 +18,14 @@ use crate::{LockMode, LossCause};
 
 // Which of the given (pid, lock id, mode) triples does the server NOT show as granted? One
 // round trip whatever the number of locks; the answer is the 1-based positions of the missing.
-const PROBE: &str = "SELECT h.i FROM unnest($1::int4[], $2::int8[], $3::bool[]) \
-     WITH ORDINALITY AS h(pid, id, shared, i) \
-     WHERE NOT EXISTS (SELECT 1 FROM pg_locks l \
+// Unless `$5` (the manager allows standbys), a server in recovery holds nothing that counts (a
+// demoted primary came back as a standby): every lock is missing there.
+const PROBE: &str = "SELECT h.i FROM unnest($1::int4[], $2::int8[], $3::bool[], $4::int2[]) \
+     WITH ORDINALITY AS h(pid, id, shared, sub, i) \
+     WHERE (pg_is_in_recovery() AND NOT $5) OR NOT EXISTS (SELECT 1 FROM pg_locks l \
         WHERE l.locktype = 'advisory' AND l.granted AND l.pid = h.pid \
         AND l.classid = (h.id >> 32)::oid AND l.objid = (h.id & 4294967295)::oid \
-        AND l.objsubid = 1 \
+        AND l.objsubid = h.sub \
         AND l.mode = CASE WHEN h.shared THEN 'ShareLock' ELSE 'ExclusiveLock' END)";
 
 /// How often to probe, and how long past a failed probe locks stay "unknown" before they are
@@ -32,6 +34,8 @@ const PROBE: &str = "SELECT h.i FROM unnest($1::int4[], $2::int8[], $3::bool[]) 
 pub(crate) struct Probe {
     pub(crate) interval: Duration,
     pub(crate) grace: Duration,
+    /// Whether locks held on a standby count (the manager was built to allow standbys).
+    pub(crate) allow_standby: bool,
 }
 
 pub(crate) struct Monitor {
@@ -92,7 +96,8 @@ async fn run<T: LockTable>(monitor: Weak<Monitor>, table: Weak<T>, probe: Probe)
             break;
         }
         let started = Instant::now();
-        match timeout(probe.grace, missing(&mut conn, &this.options, &watched)).await {
+        let asked = missing(&mut conn, &this.options, &watched, probe.allow_standby);
+        match timeout(probe.grace, asked).await {
             Ok(Ok(missing)) => {
                 confirmed_at = Some(started);
                 for lost in missing {
@@ -139,18 +144,22 @@ async fn missing(
     conn: &mut Option<PgConnection>,
     options: &PgConnectOptions,
     watched: &[Watched],
+    allow_standby: bool,
 ) -> Result<Vec<Watched>, sqlx::Error> {
     if conn.is_none() {
         *conn = Some(PgConnection::connect_with(options).await?);
     }
     let conn = conn.as_mut().expect("connected above");
     let pids: Vec<i32> = watched.iter().map(|w| w.pid.unwrap_or(0)).collect();
-    let ids: Vec<i64> = watched.iter().map(|w| w.lock_id).collect();
+    let ids: Vec<i64> = watched.iter().map(|w| w.target.packed()).collect();
     let shared: Vec<bool> = watched.iter().map(|w| w.mode == LockMode::Shared).collect();
+    let subids: Vec<i16> = watched.iter().map(|w| w.target.objsubid()).collect();
     let missing: Vec<i64> = sqlx::query_scalar(PROBE)
         .bind(pids)
         .bind(ids)
         .bind(shared)
+        .bind(subids)
+        .bind(allow_standby)
         .fetch_all(conn)
         .await?;
     Ok(missing

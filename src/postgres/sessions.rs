@@ -99,8 +99,8 @@ impl LockSessions {
                 state.live.retain(|session| session.is_available());
                 let seen = *attempts_before.get_or_insert(state.attempts);
                 if let Some(best) = state.least_busy() {
-                    if best.queued() > 0 && state.live.len() + state.opening < self.inner.config.max
-                    {
+                    let crowded = best.queued() > 0 || best.held() >= SPREAD_AT;
+                    if crowded && state.live.len() + state.opening < self.inner.config.max {
                         self.inner.open_in_background(&mut state);
                     }
                     return Ok(best);
@@ -113,11 +113,12 @@ impl LockSessions {
                 }
             }
             if timeout_at(deadline, changed).await.is_err() {
-                let failure = Failure::from_checkout(
+                // Boxed: the cold path would otherwise bloat every acquisition's future.
+                let failure = Box::pin(Failure::from_checkout(
                     &self.inner.pool,
                     sqlx::Error::PoolTimedOut,
                     started.elapsed(),
-                )
+                ))
                 .await;
                 return Err(failure.into_error(key));
             }
@@ -125,10 +126,20 @@ impl LockSessions {
     }
 }
 
+/// How many locks a session carries before the manager opens another (up to the cap) to spread
+/// them. PostgreSQL walks a session's whole local lock table at the end of every transaction,
+/// so each statement on a session holding N locks costs O(N) on the server: about 0.03 ms with
+/// none held and 1-2 ms with 10,000, measured on PostgreSQL 15.
+const SPREAD_AT: usize = 256;
+
 impl State {
+    /// The session with the fewest commands waiting, then the fewest locks; ties go to the
+    /// oldest, so a quiet manager keeps to one session.
     fn least_busy(&self) -> Option<Arc<LockSession>> {
-        // Ties go to the oldest session, so a quiet manager keeps to one.
-        self.live.iter().min_by_key(|s| s.queued()).cloned()
+        self.live
+            .iter()
+            .min_by_key(|s| (s.queued(), s.held()))
+            .cloned()
     }
 }
 
@@ -185,6 +196,9 @@ impl Inner {
             .await
             .map_err(|err| Failure::from_sqlx(&err))?;
         if standby && !self.config.allow_standby {
+            // Closed, not pooled: a connection to a standby is of no use to this pool, and
+            // one kept would be handed out again (a set-up session is not checked twice).
+            session.mark_dirty();
             return Err(Failure::Standby);
         }
         if let Some(table) = &statements.fencing {

@@ -7,16 +7,13 @@
 use std::sync::Arc;
 
 use super::fencing::FencingTable;
-use crate::LockMode;
+use crate::{LockMode, LockTarget};
 
 /// How often a waiting backend checks that its client is still there, in milliseconds.
 const CLIENT_CHECK_MS: u32 = 200;
 
 /// PostgreSQL's largest `lock_timeout`, in milliseconds; longer waits are split.
 pub(crate) const MAX_LOCK_TIMEOUT_MS: u128 = i32::MAX as u128;
-
-pub(crate) const UNLOCK: &str = "SELECT pg_advisory_unlock($1)";
-pub(crate) const UNLOCK_SHARED: &str = "SELECT pg_advisory_unlock_shared($1)";
 
 /// Sets up a session the manager is about to use: reports its process id, the name to restore
 /// later and whether the server is a standby, and (when `$1` is not null) tags it.
@@ -28,52 +25,114 @@ pub(crate) const SETUP: &str = "SELECT pg_backend_pid(), current_setting('applic
 pub(crate) const RESTORE_NAME: &str = "SELECT set_config('application_name', $1, false)";
 
 pub(crate) struct Statements {
-    // Shared, so binding a statement to a query does not copy its text.
-    try_exclusive: Arc<str>,
-    try_shared: Arc<str>,
-    /// Mints the next token of lock id `$1`, after a handoff.
+    // Shared, so binding a statement to a query does not copy its text. Indexed by
+    // `slot(mode, target)`: exclusive/shared times bigint/pair.
+    tries: [Arc<str>; 4],
+    /// Mints the next token of fencing row `$1`, after a handoff.
     mint: Option<Arc<str>>,
     pub(crate) fencing: Option<FencingTable>,
     /// The `application_name` of the manager's sessions while it uses them.
     pub(crate) tag: Option<String>,
 }
 
+fn slot(mode: LockMode, target: LockTarget) -> usize {
+    let pair = usize::from(matches!(target, LockTarget::IntPair(..)));
+    let shared = usize::from(mode == LockMode::Shared);
+    shared * 2 + pair
+}
+
+/// The arguments of a lock function for a target bound as `$1` (and `$2` for a pair), the
+/// fencing row it mints in, and the parameter that carries the session's backend pid.
+///
+/// Every statement on a session the manager set up runs its lock function only on the backend
+/// it expects (`CASE WHEN pg_backend_pid() = <pid>`): behind a transaction-pooling proxy a
+/// statement may land on another server session, where a session lock would be stranded. It
+/// answers NULL there, and nothing is taken.
+fn bound_args(pair: bool) -> (&'static str, &'static str, &'static str) {
+    if pair {
+        (
+            "$1, $2",
+            "(($1::int8 << 32) | ($2::int8 & 4294967295))",
+            "$3",
+        )
+    } else {
+        ("$1", "$1", "$2")
+    }
+}
+
 impl Statements {
     pub(crate) fn new(fencing: Option<FencingTable>, tag: Option<String>) -> Self {
         // Columns: granted, token.
-        let try_statement = |function: &str| match &fencing {
-            None => format!("SELECT {function}($1), NULL::int8"),
-            Some(table) => format!(
-                "WITH l AS MATERIALIZED (SELECT {function}($1) AS granted), m AS ({}) \
-                 SELECT l.granted, (SELECT token FROM m) FROM l",
-                table.mint_if_granted("l")
-            ),
+        let try_statement = |mode: LockMode, pair: bool| {
+            let function = match mode {
+                LockMode::Exclusive => "pg_try_advisory_lock",
+                LockMode::Shared => "pg_try_advisory_lock_shared",
+            };
+            let (args, fence, pid) = bound_args(pair);
+            let call = format!("CASE WHEN pg_backend_pid() = {pid} THEN {function}({args}) END");
+            match &fencing {
+                None => format!("SELECT {call}, NULL::int8"),
+                Some(table) => format!(
+                    "WITH l AS MATERIALIZED (SELECT {call} AS granted), m AS ({}) \
+                     SELECT l.granted, (SELECT token FROM m) FROM l",
+                    table.mint_if_granted("l", fence)
+                ),
+            }
+            .into()
         };
         Statements {
-            try_exclusive: try_statement("pg_try_advisory_lock").into(),
-            try_shared: try_statement("pg_try_advisory_lock_shared").into(),
+            tries: [
+                try_statement(LockMode::Exclusive, false),
+                try_statement(LockMode::Exclusive, true),
+                try_statement(LockMode::Shared, false),
+                try_statement(LockMode::Shared, true),
+            ],
             mint: fencing.as_ref().map(|table| table.mint("$1").into()),
             fencing,
             tag,
         }
     }
 
-    pub(crate) fn try_lock(&self, mode: LockMode) -> Arc<str> {
-        Arc::clone(match mode {
-            LockMode::Exclusive => &self.try_exclusive,
-            LockMode::Shared => &self.try_shared,
-        })
+    pub(crate) fn try_lock(&self, mode: LockMode, target: LockTarget) -> Arc<str> {
+        Arc::clone(&self.tries[slot(mode, target)])
     }
 
     pub(crate) fn mint(&self) -> Option<Arc<str>> {
         self.mint.clone()
     }
 
-    pub(crate) fn unlock(mode: LockMode) -> &'static str {
-        match mode {
-            LockMode::Exclusive => UNLOCK,
-            LockMode::Shared => UNLOCK_SHARED,
+    /// Unlocks a target bound as for a try, on the expected backend only (NULL elsewhere).
+    pub(crate) fn unlock(mode: LockMode, target: LockTarget) -> &'static str {
+        match (mode, target) {
+            (LockMode::Exclusive, LockTarget::BigInt(_)) => {
+                "SELECT CASE WHEN pg_backend_pid() = $2 THEN pg_advisory_unlock($1) END"
+            }
+            (LockMode::Exclusive, LockTarget::IntPair(..)) => {
+                "SELECT CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock($1, $2) END"
+            }
+            (LockMode::Shared, LockTarget::BigInt(_)) => {
+                "SELECT CASE WHEN pg_backend_pid() = $2 THEN pg_advisory_unlock_shared($1) END"
+            }
+            (LockMode::Shared, LockTarget::IntPair(..)) => {
+                "SELECT CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock_shared($1, $2) END"
+            }
         }
+    }
+
+    /// Unlocks `target` in `mode` only if this session holds it (integers only, no user text).
+    pub(crate) fn unlock_if_held(target: LockTarget, mode: LockMode) -> String {
+        let (classid, objid) = crate::split_lock_id(target.packed());
+        let (function, lock_mode) = match mode {
+            LockMode::Exclusive => ("pg_advisory_unlock", "ExclusiveLock"),
+            LockMode::Shared => ("pg_advisory_unlock_shared", "ShareLock"),
+        };
+        format!(
+            "SELECT {function}({}) FROM pg_locks WHERE locktype = 'advisory' \
+             AND pid = pg_backend_pid() AND classid = {classid} AND objid = {objid} \
+             AND objsubid = {} AND mode = '{lock_mode}' AND granted",
+            literal_args(target),
+            target.objsubid()
+        )
     }
 
     /// One simple-query message that waits for the lock in the server's queue: `SET LOCAL`s,
@@ -87,11 +146,12 @@ impl Statements {
     ///   statement starts, so it must be set by an earlier statement of the same message.
     pub(crate) fn wait(
         &self,
-        lock_id: i64,
+        target: LockTarget,
         mode: LockMode,
         timeout_ms: Option<u128>,
-        server_version: u32,
+        session: (i32, u32),
     ) -> String {
+        let (pid, server_version) = session;
         let mut sql = String::with_capacity(256);
         if server_version >= 140_000 {
             sql.push_str(&format!(
@@ -101,17 +161,31 @@ impl Statements {
         if let Some(ms) = timeout_ms {
             sql.push_str(&format!("SET LOCAL lock_timeout = {ms}; "));
         }
+        if self.fencing.is_some() {
+            // The token minted below must survive a crash (see `FencingTable`).
+            sql.push_str("SET LOCAL synchronous_commit = on; ");
+        }
         let function = match mode {
             LockMode::Exclusive => "pg_advisory_lock",
             LockMode::Shared => "pg_advisory_lock_shared",
         };
         sql.push_str(&format!(
-            "SELECT pg_backend_pid(), {function}({lock_id})::text"
+            "SELECT pg_backend_pid(), \
+             CASE WHEN pg_backend_pid() = {pid} THEN {function}({})::text END",
+            literal_args(target)
         ));
         if let Some(table) = &self.fencing {
             sql.push_str("; ");
-            sql.push_str(&table.mint(&lock_id.to_string()));
+            sql.push_str(&table.mint(&target.packed().to_string()));
         }
         sql
+    }
+}
+
+/// A target's arguments written out as integer literals.
+fn literal_args(target: LockTarget) -> String {
+    match target {
+        LockTarget::BigInt(id) => id.to_string(),
+        LockTarget::IntPair(a, b) => format!("{a}, {b}"),
     }
 }

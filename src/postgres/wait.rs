@@ -31,7 +31,7 @@ impl PgBackend {
                     if retries > 0 && req.deadline.is_none_or(|d| Instant::now() < d) =>
                 {
                     retries -= 1;
-                    tracing::debug!(key = req.key, "retrying the wait on another connection");
+                    tracing::debug!(key = %req.key, "retrying the wait on another connection");
                 }
                 Err(err) => return Err(err),
             }
@@ -58,7 +58,7 @@ impl PgBackend {
             Ok(conn) => Ok(PgSession::new(conn, Arc::clone(&self.idle))),
             Err(err) => Err(Failure::from_checkout(&self.pool, err, started.elapsed())
                 .await
-                .into_error(req.key)),
+                .into_error(&req.name())),
         }
     }
 
@@ -67,9 +67,12 @@ impl PgBackend {
             let standby = session
                 .set_up(self.statements.tag.as_deref())
                 .await
-                .map_err(|err| statement_error(req.key, req.timeout, err))?;
+                .map_err(|err| statement_error(&req.name(), req.timeout, err))?;
             if standby && !self.allow_standby {
-                return Err(Failure::Standby.into_error(req.key));
+                // Closed, not kept: a kept session counts as set up, and would be waited on
+                // without this check.
+                session.mark_dirty();
+                return Err(Failure::Standby.into_error(&req.name()));
             }
         }
         loop {
@@ -102,9 +105,12 @@ impl PgBackend {
         req: &Request<'_>,
         timeout_ms: Option<u128>,
     ) -> std::result::Result<Option<i64>, WaitEnd> {
-        let sql = self
-            .statements
-            .wait(req.lock_id, req.mode, timeout_ms, session.server_version());
+        let sql = self.statements.wait(
+            req.target,
+            req.mode,
+            timeout_ms,
+            (session.pid, session.server_version()),
+        );
         let waiting = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(session.conn());
         let answer = match timeout_ms {
             Some(ms) => {
@@ -120,23 +126,28 @@ impl PgBackend {
         };
         let fenced = self.statements.fencing.is_some();
         let parsed = answer.and_then(|rows| {
-            let pid = rows
-                .first()
-                .map(|row| row.try_get::<i32, _>(0))
-                .transpose()?;
+            let Some(row) = rows.first() else {
+                return Ok(Waited::NoRow);
+            };
+            // NULL: the message ran on another server session than the one set up (a
+            // transaction pooler), and took nothing.
+            if row.try_get::<Option<String>, _>(1)?.is_none() {
+                return Ok(Waited::Pooled);
+            }
             let token = match (fenced, rows.get(1)) {
                 (true, Some(row)) => Some(row.try_get::<i64, _>(0)?),
-                _ => None,
+                (true, None) => return Ok(Waited::NoRow),
+                (false, _) => None,
             };
-            Ok((pid, token))
+            Ok(Waited::Granted(token))
         });
         match parsed {
-            Ok((Some(pid), token)) if token.is_some() || !fenced => {
-                session.pid = pid;
-                Ok(token)
-            }
-            Ok(_) => Err(WaitEnd::Failed(connection_error(
-                req.key,
+            Ok(Waited::Granted(token)) => Ok(token),
+            Ok(Waited::Pooled) => Err(WaitEnd::Failed(Error::TransactionPooling {
+                key: req.name(),
+            })),
+            Ok(Waited::NoRow) => Err(WaitEnd::Failed(connection_error(
+                &req.name(),
                 sqlx::Error::Protocol("the lock statement returned no row".into()),
             ))),
             Err(err) if has_sqlstate(&err, LOCK_NOT_AVAILABLE) && timeout_ms.is_some() => {
@@ -144,7 +155,11 @@ impl PgBackend {
                 session.mark_clean();
                 Err(WaitEnd::TimedOut)
             }
-            Err(err) => Err(WaitEnd::Failed(statement_error(req.key, req.timeout, err))),
+            Err(err) => Err(WaitEnd::Failed(statement_error(
+                &req.name(),
+                req.timeout,
+                err,
+            ))),
         }
     }
 
@@ -161,10 +176,17 @@ impl PgBackend {
             .bind(req.lock_id)
             .fetch_one(session.conn())
             .await
-            .map_err(|err| statement_error(req.key, req.timeout, err))?;
+            .map_err(|err| statement_error(&req.name(), req.timeout, err))?;
         // The session still holds the lock: it stays dirty until unlocked.
         Ok(Some(token))
     }
+}
+
+/// What a wait message answered.
+enum Waited {
+    Granted(Option<i64>),
+    Pooled,
+    NoRow,
 }
 
 /// How one wait message ended without a grant.

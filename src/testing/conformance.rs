@@ -19,14 +19,19 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{AcquireFailure, Error, LockManager, LockMode, lock_id};
+use crate::{AcquireFailure, Error, LockKey, LockManager, LockManagerExt, LockMode, lock_id};
 
 /// A boxed case future.
 pub type CaseFuture<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+
+/// The manager a case runs against. Shared, because some cases act as two tasks of one
+/// process: the contract treats a task that holds a key differently from the others.
+pub type Manager = Arc<dyn LockManager>;
 
 /// One conformance case: its name and its body.
 #[derive(Clone, Copy)]
@@ -34,7 +39,7 @@ pub struct Case {
     /// The case's function name in this module.
     pub name: &'static str,
     /// Runs the case against a fresh manager.
-    pub run: for<'a> fn(&'a dyn LockManager) -> CaseFuture<'a>,
+    pub run: for<'a> fn(&'a Manager) -> CaseFuture<'a>,
 }
 
 impl std::fmt::Debug for Case {
@@ -72,6 +77,9 @@ cases!(
     reacquiring_an_own_key_waits_for_the_local_holder,
     shared_acquisition_is_reported_and_released,
     a_manager_holds_a_key_once_in_either_mode,
+    try_lock_hands_out_a_guard,
+    keys_of_every_kind_are_locks_of_their_own,
+    conveniences_release_on_every_path,
 );
 
 /// Generates one `#[tokio::test]` per conformance case for the manager that `$factory` builds.
@@ -108,6 +116,9 @@ macro_rules! conformance_tests {
             reacquiring_an_own_key_waits_for_the_local_holder,
             shared_acquisition_is_reported_and_released,
             a_manager_holds_a_key_once_in_either_mode,
+            try_lock_hands_out_a_guard,
+            keys_of_every_kind_are_locks_of_their_own,
+            conveniences_release_on_every_path,
         );
     };
 }
@@ -119,7 +130,8 @@ macro_rules! __conformance_tests {
         $(
             #[::tokio::test]
             async fn $name() {
-                let manager = ($factory)().await;
+                let manager: $crate::testing::conformance::Manager =
+                    ::std::sync::Arc::new(($factory)().await);
                 $crate::testing::conformance::$name(&manager).await;
             }
         )*
@@ -132,13 +144,39 @@ pub async fn run_all<F, Fut, M>(factory: F)
 where
     F: Fn() -> Fut,
     Fut: Future<Output = M>,
-    M: LockManager,
+    M: LockManager + 'static,
 {
     for case in cases() {
-        let manager = factory().await;
+        let manager: Manager = Arc::new(factory().await);
         eprintln!("conformance: {}", case.name);
         (case.run)(&manager).await;
     }
+}
+
+/// Runs `op` on another task, as a second caller of the same manager would.
+async fn elsewhere<T, F, Fut>(manager: &Manager, op: F) -> T
+where
+    F: FnOnce(Manager) -> Fut,
+    Fut: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::spawn(op(Arc::clone(manager)))
+        .await
+        .expect("the other task panicked")
+}
+
+/// `acquire(key, timeout)` from another task.
+async fn acquire_elsewhere(
+    manager: &Manager,
+    key: &str,
+    mode: LockMode,
+    timeout: Option<Duration>,
+) -> crate::Result<crate::LockGuard> {
+    let key = key.to_owned();
+    elsewhere(manager, move |m| async move {
+        m.acquire_key(&key.into(), mode, timeout).await
+    })
+    .await
 }
 
 /// A key no other test run uses.
@@ -150,7 +188,7 @@ fn key(case: &str) -> String {
 const EVENTUALLY: Duration = Duration::from_secs(10);
 
 /// Case 1: the guard describes the key, its lock id and the manager's holder id.
-pub async fn acquire_yields_info_for_the_requested_key(manager: &dyn LockManager) {
+pub async fn acquire_yields_info_for_the_requested_key(manager: &Manager) {
     let key = key("info");
     let before = chrono::Utc::now();
     let guard = manager
@@ -171,7 +209,7 @@ pub async fn acquire_yields_info_for_the_requested_key(manager: &dyn LockManager
 }
 
 /// Case 2: `is_held` and `held_lock_count` follow the guard's life.
-pub async fn is_held_inside_and_outside_the_critical_section(manager: &dyn LockManager) {
+pub async fn is_held_inside_and_outside_the_critical_section(manager: &Manager) {
     let key = key("is-held");
     assert!(!manager.is_held(&key).await);
     let guard = manager.acquire(&key, None).await.expect("acquire");
@@ -184,15 +222,11 @@ pub async fn is_held_inside_and_outside_the_critical_section(manager: &dyn LockM
 
 /// Case 3: an error leaving the critical section early propagates unchanged, and the lock is
 /// released on the way out.
-pub async fn error_in_the_critical_section_propagates_and_releases(manager: &dyn LockManager) {
+pub async fn error_in_the_critical_section_propagates_and_releases(manager: &Manager) {
     #[derive(Debug, PartialEq)]
     struct Failure(u128);
 
-    async fn critical_section(
-        manager: &dyn LockManager,
-        key: &str,
-        marker: u128,
-    ) -> Result<(), Failure> {
+    async fn critical_section(manager: &Manager, key: &str, marker: u128) -> Result<(), Failure> {
         let _guard = manager.acquire(key, None).await.expect("acquire");
         Err(Failure(marker))?;
         unreachable!("the critical section failed")
@@ -218,7 +252,7 @@ pub async fn error_in_the_critical_section_propagates_and_releases(manager: &dyn
 
 /// Case 4: `try_acquire` takes a free key and refuses a held one, also when this very manager
 /// holds it.
-pub async fn try_acquire_succeeds_on_a_free_key_and_fails_on_a_held_one(manager: &dyn LockManager) {
+pub async fn try_acquire_succeeds_on_a_free_key_and_fails_on_a_held_one(manager: &Manager) {
     let key = key("try");
     let info = manager
         .try_acquire(&key)
@@ -238,7 +272,7 @@ pub async fn try_acquire_succeeds_on_a_free_key_and_fails_on_a_held_one(manager:
 }
 
 /// Case 5: a released key can be taken again.
-pub async fn release_makes_the_key_acquirable_again(manager: &dyn LockManager) {
+pub async fn release_makes_the_key_acquirable_again(manager: &Manager) {
     let key = key("release");
     assert!(manager.try_acquire(&key).await.expect("try").is_some());
     manager.release(&key).await.expect("release");
@@ -248,7 +282,7 @@ pub async fn release_makes_the_key_acquirable_again(manager: &dyn LockManager) {
 }
 
 /// Case 6: releasing a key that was never held is [`Error::NotHeld`] naming the key.
-pub async fn release_of_a_never_held_key_is_not_held(manager: &dyn LockManager) {
+pub async fn release_of_a_never_held_key_is_not_held(manager: &Manager) {
     let key = key("never-held");
     match manager.release(&key).await {
         Err(Error::NotHeld { key: named }) => assert_eq!(named, key),
@@ -263,12 +297,11 @@ pub async fn release_of_a_never_held_key_is_not_held(manager: &dyn LockManager) 
 
 /// Case 7: a bounded acquisition of a held key fails with a timeout that names the key and the
 /// requested timeout.
-pub async fn acquire_with_timeout_on_a_held_key_times_out(manager: &dyn LockManager) {
+pub async fn acquire_with_timeout_on_a_held_key_times_out(manager: &Manager) {
     let key = key("timeout");
     assert!(manager.try_acquire(&key).await.expect("try").is_some());
     let timeout = Duration::from_millis(50);
-    let err = manager
-        .acquire(&key, Some(timeout))
+    let err = acquire_elsewhere(manager, &key, LockMode::Exclusive, Some(timeout))
         .await
         .expect_err("the key is held");
     match &err {
@@ -293,7 +326,7 @@ pub async fn acquire_with_timeout_on_a_held_key_times_out(manager: &dyn LockMana
 }
 
 /// Case 8: holding one key does not affect another.
-pub async fn different_keys_are_independent(manager: &dyn LockManager) {
+pub async fn different_keys_are_independent(manager: &Manager) {
     let alpha = key("alpha");
     let beta = key("beta");
     let outer = manager.acquire(&alpha, None).await.expect("alpha");
@@ -308,7 +341,7 @@ pub async fn different_keys_are_independent(manager: &dyn LockManager) {
 }
 
 /// Case 9: `release_all` releases everything and says how much.
-pub async fn release_all_returns_the_count_and_empties_the_registry(manager: &dyn LockManager) {
+pub async fn release_all_returns_the_count_and_empties_the_registry(manager: &Manager) {
     assert_eq!(manager.release_all().await.expect("release_all"), 0);
     let (one, two) = (key("all-1"), key("all-2"));
     assert!(manager.try_acquire(&one).await.expect("try").is_some());
@@ -322,7 +355,7 @@ pub async fn release_all_returns_the_count_and_empties_the_registry(manager: &dy
 }
 
 /// Dropping a guard releases its lock (in the background): a later acquisition is served.
-pub async fn dropping_the_guard_releases(manager: &dyn LockManager) {
+pub async fn dropping_the_guard_releases(manager: &Manager) {
     let key = key("drop");
     let guard = manager.acquire(&key, None).await.expect("acquire");
     drop(guard);
@@ -337,7 +370,7 @@ pub async fn dropping_the_guard_releases(manager: &dyn LockManager) {
 
 /// After `release_all`, a guard is stale: its release and its drop leave a newer acquisition
 /// of the same key alone.
-pub async fn release_all_invalidates_guards(manager: &dyn LockManager) {
+pub async fn release_all_invalidates_guards(manager: &Manager) {
     let key = key("release-all-guard");
     let stale = manager.acquire(&key, None).await.expect("acquire");
     assert_eq!(manager.release_all().await.expect("release_all"), 1);
@@ -362,9 +395,13 @@ pub async fn release_all_invalidates_guards(manager: &dyn LockManager) {
     assert_eq!(manager.release_all().await.expect("release_all"), 1);
     assert!(manager.try_acquire(&key).await.expect("try").is_some());
     drop(stale);
-    let blocked = manager
-        .acquire(&key, Some(Duration::from_millis(100)))
-        .await;
+    let blocked = acquire_elsewhere(
+        manager,
+        &key,
+        LockMode::Exclusive,
+        Some(Duration::from_millis(100)),
+    )
+    .await;
     assert!(
         blocked
             .expect_err("the newer acquisition still holds the key")
@@ -379,7 +416,7 @@ pub async fn release_all_invalidates_guards(manager: &dyn LockManager) {
 }
 
 /// After `release(key)`, the guard is stale (the Python original's "stale pop" bug, reversed).
-pub async fn release_by_key_invalidates_the_guard(manager: &dyn LockManager) {
+pub async fn release_by_key_invalidates_the_guard(manager: &Manager) {
     let key = key("release-key-guard");
     let guard = manager.acquire(&key, None).await.expect("acquire");
     manager
@@ -397,18 +434,21 @@ pub async fn release_by_key_invalidates_the_guard(manager: &dyn LockManager) {
 }
 
 /// Operations dropped mid-way leave no claim behind.
-pub async fn cancelled_operations_leak_nothing(manager: &dyn LockManager) {
+pub async fn cancelled_operations_leak_nothing(manager: &Manager) {
     let key = key("cancel");
     assert!(manager.try_acquire(&key).await.expect("try").is_some());
 
-    // Cancel a waiting acquisition, bounded and unbounded.
+    // Cancel a waiting acquisition of another task, bounded and unbounded.
     for timeout in [None, Some(EVENTUALLY)] {
-        let waiting = manager.acquire(&key, timeout);
-        let outcome = tokio::time::timeout(Duration::from_millis(20), waiting).await;
+        let (other, key) = (Arc::clone(manager), key.clone());
+        let mut waiting = tokio::spawn(async move { other.acquire(&key, timeout).await });
+        let outcome = tokio::time::timeout(Duration::from_millis(20), &mut waiting).await;
         assert!(
             outcome.is_err(),
             "the key is held, so the acquisition waits"
         );
+        waiting.abort();
+        assert!(waiting.await.expect_err("aborted").is_cancelled());
     }
     // Cancel operations before their first poll, too.
     drop(manager.acquire(&key, None));
@@ -439,7 +479,7 @@ pub async fn cancelled_operations_leak_nothing(manager: &dyn LockManager) {
 }
 
 /// Timeouts are deadlines: never early, never unbounded, and zero is one immediate try.
-pub async fn deadline_is_honoured(manager: &dyn LockManager) {
+pub async fn deadline_is_honoured(manager: &Manager) {
     let key = key("deadline");
     let guard = manager
         .acquire(&key, Some(Duration::ZERO))
@@ -451,8 +491,7 @@ pub async fn deadline_is_honoured(manager: &dyn LockManager) {
         Duration::from_millis(150),
     ] {
         let started = Instant::now();
-        let err = manager
-            .acquire(&key, Some(timeout))
+        let err = acquire_elsewhere(manager, &key, LockMode::Exclusive, Some(timeout))
             .await
             .expect_err("the key is held");
         let elapsed = started.elapsed();
@@ -469,23 +508,41 @@ pub async fn deadline_is_honoured(manager: &dyn LockManager) {
     assert!(guard.release().await.expect("release"));
 }
 
-/// A manager that holds a key queues its own new acquisitions behind the holder instead of
-/// deadlocking, stacking, or reporting "held elsewhere" forever.
-pub async fn reacquiring_an_own_key_waits_for_the_local_holder(manager: &dyn LockManager) {
+/// A key this manager holds is never requested twice: the task holding it is told at once that
+/// it would wait for itself; another task waits for the holder, within its deadline, and is
+/// served once the holder releases; nothing is stacked.
+pub async fn reacquiring_an_own_key_waits_for_the_local_holder(manager: &Manager) {
     let key = key("reacquire");
     let guard = manager.acquire(&key, None).await.expect("acquire");
     assert!(manager.try_acquire(&key).await.expect("try").is_none());
-    let err = manager
-        .acquire(&key, Some(Duration::from_millis(50)))
+    for timeout in [None, Some(Duration::from_millis(50))] {
+        let err = manager
+            .acquire(&key, timeout)
+            .await
+            .expect_err("the holding task would wait for itself");
+        assert!(
+            matches!(&err, Error::Reentrant { key: named } if named == &key),
+            "expected Reentrant, got {err:?}"
+        );
+    }
+    let err = acquire_elsewhere(
+        manager,
+        &key,
+        LockMode::Exclusive,
+        Some(Duration::from_millis(50)),
+    )
+    .await
+    .expect_err("another task waits for the local holder until its deadline");
+    assert!(err.is_timeout(), "{err:?}");
+    let second = {
+        let (other, key) = (Arc::clone(manager), key.clone());
+        tokio::spawn(async move { other.acquire(&key, Some(EVENTUALLY)).await })
+    };
+    assert!(guard.release().await.expect("release"));
+    let second = second
         .await
-        .expect_err("waits for the local holder until its deadline");
-    assert!(err.is_timeout());
-    let (second, released) = tokio::join!(manager.acquire(&key, Some(EVENTUALLY)), async {
-        tokio::task::yield_now().await;
-        guard.release().await
-    });
-    assert!(released.expect("release"));
-    let second = second.expect("served once the local holder released");
+        .expect("join")
+        .expect("served once the local holder released");
     assert_eq!(
         manager.held_lock_count(),
         1,
@@ -497,7 +554,7 @@ pub async fn reacquiring_an_own_key_waits_for_the_local_holder(manager: &dyn Loc
 
 /// Shared acquisitions report their mode and release like exclusive ones, through the guard,
 /// by key and by `release_all`.
-pub async fn shared_acquisition_is_reported_and_released(manager: &dyn LockManager) {
+pub async fn shared_acquisition_is_reported_and_released(manager: &Manager) {
     let key = key("shared");
     let guard = manager
         .acquire_shared(&key, None)
@@ -535,7 +592,7 @@ pub async fn shared_acquisition_is_reported_and_released(manager: &dyn LockManag
 
 /// Within one manager a key is held at most once, whatever the modes: a second acquisition
 /// queues behind the first instead of stacking.
-pub async fn a_manager_holds_a_key_once_in_either_mode(manager: &dyn LockManager) {
+pub async fn a_manager_holds_a_key_once_in_either_mode(manager: &Manager) {
     let key = key("once");
     let short = Some(Duration::from_millis(30));
     let shared = manager
@@ -550,20 +607,12 @@ pub async fn a_manager_holds_a_key_once_in_either_mode(manager: &dyn LockManager
             .is_none()
     );
     assert!(manager.try_acquire(&key).await.expect("try").is_none());
-    assert!(
-        manager
-            .acquire_shared(&key, short)
+    for mode in [LockMode::Shared, LockMode::Exclusive] {
+        let err = acquire_elsewhere(manager, &key, mode, short)
             .await
-            .expect_err("queued")
-            .is_timeout()
-    );
-    assert!(
-        manager
-            .acquire(&key, short)
-            .await
-            .expect_err("queued")
-            .is_timeout()
-    );
+            .expect_err("queued behind the local holder");
+        assert!(err.is_timeout(), "{mode}: {err:?}");
+    }
     assert_eq!(manager.held_lock_count(), 1);
     assert!(shared.release().await.expect("release"));
 
@@ -575,15 +624,122 @@ pub async fn a_manager_holds_a_key_once_in_either_mode(manager: &dyn LockManager
             .expect("try")
             .is_none()
     );
-    assert!(
-        manager
-            .acquire_shared(&key, short)
-            .await
-            .expect_err("queued")
-            .is_timeout()
-    );
+    let err = acquire_elsewhere(manager, &key, LockMode::Shared, short)
+        .await
+        .expect_err("queued behind the local holder");
+    assert!(err.is_timeout(), "{err:?}");
     assert!(exclusive.release().await.expect("release"));
     assert_eq!(manager.held_lock_count(), 0);
+}
+
+/// `try_lock` hands out a guard on a free key and `None` on a held one, even to its holder;
+/// the guard releases like any other.
+pub async fn try_lock_hands_out_a_guard(manager: &Manager) {
+    let key = key("try-lock");
+    let guard = manager
+        .try_lock(key.as_str())
+        .await
+        .expect("try_lock")
+        .expect("a free key is granted");
+    assert_eq!(guard.key, key);
+    assert_eq!(guard.mode, LockMode::Exclusive);
+    assert!(manager.is_held(&key).await);
+    assert!(manager.try_lock(key.as_str()).await.expect("try").is_none());
+    assert!(
+        manager
+            .try_lock_shared(key.as_str())
+            .await
+            .expect("try")
+            .is_none()
+    );
+    drop(guard);
+    let shared = acquire_elsewhere(manager, &key, LockMode::Shared, Some(EVENTUALLY))
+        .await
+        .expect("the dropped guard let the key go");
+    assert_eq!(shared.mode, LockMode::Shared);
+    assert!(shared.release().await.expect("release"));
+    let shared = manager
+        .try_lock_shared(key.as_str())
+        .await
+        .expect("try")
+        .expect("free again");
+    assert!(shared.release().await.expect("release"));
+    assert_eq!(manager.held_lock_count(), 0);
+}
+
+/// Names, raw ids, id pairs and sqlx-derived names are keys of their own: a name that reads
+/// like a number is not that number, and each kind acquires, reports and releases.
+pub async fn keys_of_every_kind_are_locks_of_their_own(manager: &Manager) {
+    let n = i64::from(rand_u32());
+    let pair = (rand_u32() as i32, rand_u32() as i32);
+    let keys = [
+        LockKey::name(n.to_string()),
+        LockKey::id(n),
+        LockKey::pair(pair.0, pair.1),
+        LockKey::sqlx(key("sqlx")),
+    ];
+    let mut guards = Vec::new();
+    for key in &keys {
+        let guard = manager
+            .acquire_key(key, LockMode::Exclusive, Some(EVENTUALLY))
+            .await
+            .unwrap_or_else(|err| panic!("{key}: {err}"));
+        assert_eq!(&guard.lock_key, key);
+        assert_eq!(guard.key, key.to_string());
+        assert_eq!(guard.lock_id, key.target().packed());
+        assert!(manager.is_key_held(key).await);
+        guards.push(guard);
+    }
+    assert_eq!(manager.held_lock_count(), keys.len());
+    assert!(
+        manager
+            .try_acquire_key(&keys[1], LockMode::Exclusive)
+            .await
+            .expect("try")
+            .is_none()
+    );
+    manager.release_key(&keys[1]).await.expect("release by key");
+    assert!(!manager.is_key_held(&keys[1]).await);
+    assert!(manager.is_key_held(&keys[0]).await, "the name is untouched");
+    for guard in guards {
+        guard.release().await.expect("release");
+    }
+    assert_eq!(manager.held_lock_count(), 0);
+}
+
+/// `with_lock_shared` and `try_with_lock` hold the lock for their body and release it after;
+/// `try_with_lock` skips its body when the key is held.
+pub async fn conveniences_release_on_every_path(manager: &Manager) {
+    let key = key("conveniences");
+    let mode = manager
+        .with_lock_shared(
+            key.as_str(),
+            Some(EVENTUALLY),
+            |info| async move { info.mode },
+        )
+        .await
+        .expect("with_lock_shared");
+    assert_eq!(mode, LockMode::Shared);
+    assert!(!manager.is_held(&key).await);
+    let ran = manager
+        .try_with_lock(key.as_str(), |info| async move { info.key })
+        .await
+        .expect("try_with_lock");
+    assert_eq!(ran.as_deref(), Some(key.as_str()));
+    assert!(!manager.is_held(&key).await);
+    let held = manager.acquire(&key, None).await.expect("acquire");
+    let skipped = manager
+        .try_with_lock(key.as_str(), |_| async { panic!("the body must not run") })
+        .await
+        .expect("try_with_lock");
+    assert!(skipped.is_none());
+    assert!(held.release().await.expect("release"));
+    assert_eq!(manager.held_lock_count(), 0);
+}
+
+/// A random number for keys that must not collide across test runs.
+fn rand_u32() -> u32 {
+    (uuid::Uuid::new_v4().as_u128() & u128::from(u32::MAX)) as u32
 }
 
 /// Polls a future once (so it passes its first await point), then hands it back.

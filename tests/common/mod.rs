@@ -1,7 +1,9 @@
 //! Helpers shared by the integration tests, one file per concern.
 #![allow(dead_code, unused_imports)]
 
+pub mod cli;
 mod db;
+pub mod jobs;
 pub mod otel;
 pub mod proxy;
 mod views;

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use pglock::{GuardBackend, LockGuard, LockInfo, LockManager};
+use pglock::{GuardBackend, LockGuard, LockInfo, LockKey, LockManager, LockMode};
 
 /// A lock manager that stamps a fencing token on every acquisition, strictly increasing
 /// across every manager sharing `counter`: the lock core's coming fencing, played by a
@@ -47,44 +47,37 @@ impl GuardBackend for Wrapped {
 
 #[async_trait]
 impl LockManager for Fenced {
-    async fn acquire(&self, key: &str, timeout: Option<Duration>) -> pglock::Result<LockGuard> {
-        Ok(self.wrap(self.inner.acquire(key, timeout).await?))
-    }
-
-    async fn try_acquire(&self, key: &str) -> pglock::Result<Option<LockInfo>> {
-        Ok(self
-            .inner
-            .try_acquire(key)
-            .await?
-            .map(|info| self.stamp(info)))
-    }
-
-    async fn acquire_shared(
+    async fn acquire_key(
         &self,
-        key: &str,
+        key: &LockKey,
+        mode: LockMode,
         timeout: Option<Duration>,
     ) -> pglock::Result<LockGuard> {
-        Ok(self.wrap(self.inner.acquire_shared(key, timeout).await?))
+        Ok(self.wrap(self.inner.acquire_key(key, mode, timeout).await?))
     }
 
-    async fn try_acquire_shared(&self, key: &str) -> pglock::Result<Option<LockInfo>> {
+    async fn try_acquire_key(
+        &self,
+        key: &LockKey,
+        mode: LockMode,
+    ) -> pglock::Result<Option<LockGuard>> {
         Ok(self
             .inner
-            .try_acquire_shared(key)
+            .try_acquire_key(key, mode)
             .await?
-            .map(|info| self.stamp(info)))
+            .map(|guard| self.wrap(guard)))
     }
 
-    async fn release(&self, key: &str) -> pglock::Result<()> {
-        self.inner.release(key).await
+    async fn release_key(&self, key: &LockKey) -> pglock::Result<()> {
+        self.inner.release_key(key).await
+    }
+
+    async fn is_key_held(&self, key: &LockKey) -> bool {
+        self.inner.is_key_held(key).await
     }
 
     async fn release_all(&self) -> pglock::Result<usize> {
         self.inner.release_all().await
-    }
-
-    async fn is_held(&self, key: &str) -> bool {
-        self.inner.is_held(key).await
     }
 
     fn held_lock_count(&self) -> usize {

@@ -42,6 +42,10 @@ impl Cluster {
     /// Creates the cluster and starts it on a free port.
     pub(super) fn init_and_start(&mut self) -> io::Result<()> {
         self.init()?;
+        self.start_on_a_free_port()
+    }
+
+    pub(super) fn start_on_a_free_port(&mut self) -> io::Result<()> {
         let mut last_error = None;
         for _ in 0..5 {
             self.port = free_port()?;
@@ -103,6 +107,17 @@ impl Cluster {
             })
     }
 
+    pub(super) fn is_running(&self) -> bool {
+        self.command(&self.bin.join("pg_ctl"))
+            .args(["status", "-D"])
+            .arg(self.data_dir())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success())
+    }
+
     fn init(&self) -> io::Result<()> {
         let data = self.data_dir();
         let data = data.to_string_lossy();
@@ -128,13 +143,17 @@ impl Cluster {
              fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n\
              shared_buffers = 32MB\n"
         );
+        self.append_settings(&settings)
+    }
+
+    pub(super) fn append_settings(&self, settings: &str) -> io::Result<()> {
         fs::OpenOptions::new()
             .append(true)
             .open(self.data_dir().join("postgresql.conf"))?
             .write_all(settings.as_bytes())
     }
 
-    fn pg_ctl(&self, args: &[&str]) -> io::Result<()> {
+    pub(super) fn pg_ctl(&self, args: &[&str]) -> io::Result<()> {
         let data = self.data_dir();
         let mut all = vec!["-D", data.to_str().unwrap_or_default()];
         all.extend_from_slice(args);
@@ -156,7 +175,7 @@ impl Cluster {
         self.bin.join(program)
     }
 
-    fn run(&self, program: &str, args: &[&str]) -> io::Result<()> {
+    pub(super) fn run(&self, program: &str, args: &[&str]) -> io::Result<()> {
         let output = self
             .command(&self.bin.join(program))
             .args(args)

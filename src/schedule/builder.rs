@@ -1,0 +1,243 @@
+//! Configuring a scheduled job, and refusing settings that cannot work.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Inner, JobTable, Micros, ScheduledJob, Statements};
+use crate::{Error, PostgresLockManager, Result};
+
+/// The longest period or hold accepted: a hundred years.
+const LONGEST: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
+/// The shortest period accepted.
+const SHORTEST_PERIOD: Duration = Duration::from_millis(1);
+/// The longest job name accepted, in bytes (it is the table's primary key).
+const LONGEST_NAME: usize = 1024;
+
+/// Builds a [`ScheduledJob`]. Every replica must build the job with the same settings.
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct ScheduledJobBuilder {
+    pub(super) locks: PostgresLockManager,
+    pub(super) name: String,
+    pub(super) period: Duration,
+    pub(super) offset: Duration,
+    pub(super) tolerance: Option<Duration>,
+    pub(super) min_hold: Option<Duration>,
+    pub(super) max_hold: Option<Duration>,
+    pub(super) table: JobTable,
+}
+
+impl ScheduledJobBuilder {
+    /// Shifts the windows by `offset` from the whole periods since the Unix epoch (UTC): a
+    /// period of one day with an offset of 2 hours starts each window at 02:00 UTC. Must be
+    /// shorter than the period. Default: zero.
+    pub fn offset(mut self, offset: Duration) -> Self {
+        self.offset = offset;
+        self
+    }
+
+    /// How long before a window's start a claim already counts for that window, so replicas
+    /// whose clocks run ahead of the database's, or that wake a little early, still run the
+    /// window they meant. Must be shorter than the period. Default: a tenth of the period, at
+    /// most 5 seconds.
+    pub fn skew_tolerance(mut self, tolerance: Duration) -> Self {
+        self.tolerance = Some(tolerance);
+        self
+    }
+
+    /// How long after a run starts no other run may start, however soon it finishes
+    /// (ShedLock's `lockAtLeastFor`). Must not exceed the max hold. Default: half the period,
+    /// or the max hold if that is shorter.
+    pub fn min_hold(mut self, min_hold: Duration) -> Self {
+        self.min_hold = Some(min_hold);
+        self
+    }
+
+    /// How long a run may hold the job (ShedLock's `lockAtMostFor`): its body is cut off when
+    /// this has passed, and a claim whose runner died expires after it. Make it longer than
+    /// the longest run you expect, and longer than the manager's
+    /// [`probe_interval`](crate::PostgresLockManagerBuilder::probe_interval) plus
+    /// [`probe_grace`](crate::PostgresLockManagerBuilder::probe_grace), so that a runner cut
+    /// off from the database has noticed before its claim expires. Default: the period.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// Records the job in `table`. Default: [`JobTable::default`] (`pglock_scheduled_jobs`).
+    pub fn table(mut self, table: JobTable) -> Self {
+        self.table = table;
+        self
+    }
+
+    /// Checks the settings and builds the job. Nothing touches the database yet.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidSchedule`] when the name is empty, longer than 1024 bytes or contains a
+    /// NUL byte; when the period is shorter than a millisecond; when the offset or the skew
+    /// tolerance is not shorter than the period; when the max hold is zero or shorter than the
+    /// min hold; or when a duration exceeds a hundred years.
+    pub fn build(self) -> Result<ScheduledJob> {
+        let invalid = |reason: String| Error::InvalidSchedule {
+            job: self.name.clone(),
+            reason,
+        };
+        check_name(&self.name).map_err(|reason| invalid(reason.to_owned()))?;
+        let period = self.period;
+        if period < SHORTEST_PERIOD {
+            return Err(invalid(format!(
+                "the period ({period:?}) must be at least 1 ms"
+            )));
+        }
+        let max_hold = self.max_hold.unwrap_or(period);
+        let min_hold = self.min_hold.unwrap_or_else(|| (period / 2).min(max_hold));
+        let tolerance = self
+            .tolerance
+            .unwrap_or_else(|| (period / 10).min(Duration::from_secs(5)));
+        for (what, value) in [
+            ("period", period),
+            ("offset", self.offset),
+            ("skew tolerance", tolerance),
+            ("min hold", min_hold),
+            ("max hold", max_hold),
+        ] {
+            if value > LONGEST {
+                return Err(invalid(format!(
+                    "the {what} ({value:?}) is longer than a hundred years"
+                )));
+            }
+        }
+        if self.offset >= period {
+            return Err(invalid(format!(
+                "the offset ({:?}) must be shorter than the period ({period:?})",
+                self.offset
+            )));
+        }
+        if tolerance >= period {
+            return Err(invalid(format!(
+                "the skew tolerance ({tolerance:?}) must be shorter than the period ({period:?})"
+            )));
+        }
+        if max_hold.is_zero() {
+            return Err(invalid("the max hold must not be zero".to_owned()));
+        }
+        if min_hold > max_hold {
+            return Err(invalid(format!(
+                "the min hold ({min_hold:?}) must not exceed the max hold ({max_hold:?})"
+            )));
+        }
+        let micros = Micros {
+            period: micros(period),
+            offset: micros(self.offset),
+            tolerance: micros(tolerance),
+            min_hold: micros(min_hold),
+            max_hold: micros(max_hold),
+        };
+        let sql = Statements {
+            state: self.table.state(),
+            claim: self.table.claim(),
+            finish: self.table.finish(),
+            abandon: self.table.abandon(),
+        };
+        Ok(ScheduledJob {
+            inner: Arc::new(Inner {
+                key: format!("scheduled-job:{}", self.name),
+                locks: self.locks,
+                name: self.name,
+                table: self.table,
+                sql,
+                period,
+                max_hold,
+                micros,
+                table_ready: tokio::sync::OnceCell::new(),
+            }),
+        })
+    }
+}
+
+fn check_name(name: &str) -> std::result::Result<(), &'static str> {
+    if name.is_empty() {
+        return Err("the job name is empty");
+    }
+    if name.len() > LONGEST_NAME {
+        return Err("the job name is longer than 1024 bytes");
+    }
+    if name.contains('\0') {
+        return Err("the job name contains a NUL byte, which PostgreSQL text cannot hold");
+    }
+    Ok(())
+}
+
+/// Whole microseconds; every duration was checked to be at most a hundred years.
+fn micros(duration: Duration) -> i64 {
+    i64::try_from(duration.as_micros()).expect("at most a hundred years")
+}
+
+impl fmt::Debug for ScheduledJobBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScheduledJobBuilder")
+            .field("name", &self.name)
+            .field("period", &self.period)
+            .field("offset", &self.offset)
+            .field("skew_tolerance", &self.tolerance)
+            .field("min_hold", &self.min_hold)
+            .field("max_hold", &self.max_hold)
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn builder(name: &str, period: Duration) -> ScheduledJobBuilder {
+        let pool = sqlx::PgPool::connect_lazy("postgres://localhost/unused").expect("lazy pool");
+        ScheduledJob::builder(PostgresLockManager::new(pool), name, period)
+    }
+
+    fn reason(result: Result<ScheduledJob>) -> String {
+        match result {
+            Err(Error::InvalidSchedule { reason, .. }) => reason,
+            other => panic!("expected InvalidSchedule, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn settings_that_cannot_work_are_refused_with_the_reason() {
+        let secs = Duration::from_secs;
+        assert!(reason(builder("", secs(1)).build()).contains("empty"));
+        assert!(reason(builder("a\0b", secs(1)).build()).contains("NUL"));
+        assert!(reason(builder(&"x".repeat(1025), secs(1)).build()).contains("1024"));
+        assert!(reason(builder("j", Duration::from_micros(999)).build()).contains("1 ms"));
+        assert!(reason(builder("j", secs(10)).offset(secs(10)).build()).contains("offset"));
+        let tolerance = builder("j", secs(10)).skew_tolerance(secs(10)).build();
+        assert!(reason(tolerance).contains("skew tolerance"));
+        assert!(reason(builder("j", secs(10)).max_hold(Duration::ZERO).build()).contains("zero"));
+        let holds = builder("j", secs(10))
+            .min_hold(secs(3))
+            .max_hold(secs(2))
+            .build();
+        assert!(reason(holds).contains("must not exceed"));
+        let long = builder("j", LONGEST + secs(1)).build();
+        assert!(reason(long).contains("hundred years"));
+    }
+
+    #[tokio::test]
+    async fn defaults_follow_the_period() {
+        let job = builder("j", Duration::from_secs(300))
+            .build()
+            .expect("valid");
+        let m = job.inner.micros;
+        assert_eq!(m.tolerance, 5_000_000, "a tenth of the period, at most 5 s");
+        assert_eq!((m.min_hold, m.max_hold), (150_000_000, 300_000_000));
+        let job = builder("j", Duration::from_secs(10))
+            .max_hold(Duration::from_secs(2))
+            .build()
+            .expect("the default min hold shrinks to the max hold");
+        assert_eq!(job.inner.micros.min_hold, 2_000_000);
+        assert_eq!(job.inner.micros.tolerance, 1_000_000);
+        assert_eq!(job.lock_key(), "scheduled-job:j");
+    }
+}

@@ -1,0 +1,601 @@
+//! Scheduled jobs: run a job at most once per time window across every process, the way
+//! ShedLock's `@SchedulerLock` or a `TaskLock` gate a cron job.
+//!
+//! Every replica runs the same schedule (a `tokio` interval, a cron crate, a loop) and, at each
+//! tick, calls [`ScheduledJob::run`] with the job's body. The first replica to arrive in a
+//! window claims it and runs the body; the others are told why they skipped
+//! ([`Skip`]). The record of the claim lives in a PostgreSQL table ([`JobTable`]), so it
+//! survives restarts of every replica.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use pglock::PostgresLockManager;
+//! use pglock::schedule::{RunOutcome, ScheduledJob};
+//!
+//! # async fn run(locks: PostgresLockManager) -> pglock::Result<()> {
+//! // Every 5 minutes (00:00, 00:05, ... by the database's clock), at most once per window.
+//! let job = ScheduledJob::builder(locks, "nightly-report", Duration::from_secs(300))
+//!     .max_hold(Duration::from_secs(120)) // a run is cut off, and a dead runner's claim ends, after 2 min
+//!     .build()?;
+//! loop {
+//!     tokio::time::sleep(job.until_next_window().await?).await;
+//!     match job.run(|run| async move { send_report(run.run).await }).await? {
+//!         RunOutcome::Ran { run, .. } => println!("ran window {}", run.window_start),
+//!         RunOutcome::Skipped { reason, .. } => println!("skipped: {reason:?}"),
+//!         _ => {}
+//!     }
+//! }
+//! # }
+//! # async fn send_report(_: i64) {}
+//! ```
+//!
+//! # Windows
+//!
+//! Windows are **aligned to the wall clock of the database**: a window starts at every whole
+//! multiple of the period since the Unix epoch, shifted by
+//! [`offset`](ScheduledJobBuilder::offset) (a period of a day with an offset of two hours runs
+//! daily at 02:00 UTC). Every replica computes the same windows whatever its own clock says,
+//! because the window of a claim is computed by the claiming statement from the database's
+//! `now()`, never from the client's time.
+//!
+//! # Clock skew and schedules that drift
+//!
+//! Replicas tick at slightly different moments: their clocks differ from the database's, their
+//! timers fire late, a process pauses. Three rules keep that from running the job twice or
+//! not at all:
+//!
+//! * **Late ticks** find the window already claimed: a window runs at most once to
+//!   completion, however late a replica arrives in it ([`Skip::AlreadyRan`]).
+//! * **Early ticks**: a claim up to the [`skew_tolerance`](ScheduledJobBuilder::skew_tolerance)
+//!   before a window's start counts for that window (default: a tenth of the period, at most
+//!   5 s). Without it, a replica whose clock runs ahead of the database's would tick just
+//!   before every boundary, find the previous window done, and never run the job.
+//! * **The min hold**: once a run starts, no other run of the job starts before
+//!   [`min_hold`](ScheduledJobBuilder::min_hold) has passed, even when the run finishes in
+//!   50 ms ([`Skip::TooSoon`]). A replica that ticks more than the tolerance early may run the
+//!   previous window just before the boundary; the min hold stops a punctual replica from then
+//!   running the next one a moment later. The price: a window whose every tick falls within
+//!   the min hold of the previous run's start is skipped. Default: half the period.
+//!
+//! # Claims, the max hold, and crashed runners
+//!
+//! A run holds the job from its claim until it finishes. While it holds it, other replicas
+//! skip ([`Skip::Running`]): runs never overlap. It holds the job at most
+//! [`max_hold`](ScheduledJobBuilder::max_hold) (default: the period):
+//!
+//! * a body still running when the max hold has passed (by the local clock, counted from
+//!   before the claim was sent, so it ends before the claim does) is **cut off**: its future is
+//!   dropped and `run` returns [`Error::JobOverran`];
+//! * a runner that dies (a crash, a kill, a lost machine) leaves its claim in the table; it
+//!   expires at its start plus the max hold, by the database's clock. Until then other replicas
+//!   skip; after it, the next replica to tick claims the job: the same window again if it is
+//!   still the current one.
+//!
+//! A window counts as done only once a run of it has **finished**: its body returned. A run
+//! that did not finish (it crashed, was cut off, was cancelled, or lost its lock) did not
+//! complete the window, so the window may be run again: at once after a cancellation or a cut
+//! off (once the min hold has passed, too), or when the claim expires after a crash. This is
+//! at most one *completed* run per window; code whose partial runs must not repeat should use
+//! the run number, a fencing token, to make its writes idempotent.
+//!
+//! # The job's advisory lock
+//!
+//! While it claims and runs, a replica also holds the advisory lock
+//! `scheduled-job:{name}` through its [`PostgresLockManager`], taken without waiting (a
+//! replica that finds it held skips with [`Skip::Busy`]). It excludes a second runner in the one
+//! case the table cannot: a process that froze mid-run (a long pause, a suspended VM) past its
+//! max hold keeps its session, and so its lock, until it wakes and is cut off; no one takes the
+//! job over meanwhile. If the manager declares the lock lost, the body is cancelled and `run`
+//! returns [`Error::LockLost`], as
+//! [`with_lock`](crate::LockManagerExt::with_lock) does. `pglock holders scheduled-job:{name}`
+//! shows who runs a job right now.
+//!
+//! A run's statements (reading the record, claiming, recording the end) use the manager's pool
+//! next to its lock sessions: leave the pool a connection to spare.
+
+mod builder;
+mod outcome;
+mod table;
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+use tokio::time::{Instant, sleep_until};
+use tracing::{Instrument, Span, field::Empty};
+
+pub use self::builder::ScheduledJobBuilder;
+pub use self::outcome::{JobRun, RunOutcome, Skip};
+pub use self::table::JobTable;
+
+use self::outcome::{Record, State};
+use crate::telemetry::job as names;
+use crate::{Error, LockGuard, LockManager, LossCause, PostgresLockManager, Result};
+
+/// A job that runs at most once per window across every process sharing a database. See the
+/// [module documentation](self) for the rules.
+///
+/// Cheap to clone; clones share the job's settings and its table check.
+#[derive(Clone)]
+pub struct ScheduledJob {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    locks: PostgresLockManager,
+    name: String,
+    key: String,
+    table: JobTable,
+    sql: Statements,
+    period: Duration,
+    max_hold: Duration,
+    /// Period, offset, skew tolerance, min hold and max hold, in microseconds.
+    micros: Micros,
+    table_ready: tokio::sync::OnceCell<()>,
+}
+
+struct Statements {
+    state: String,
+    claim: String,
+    finish: String,
+    abandon: String,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Micros {
+    period: i64,
+    offset: i64,
+    tolerance: i64,
+    min_hold: i64,
+    max_hold: i64,
+}
+
+impl ScheduledJob {
+    /// Configures the job `name`, run at most once per window of `period`, on `locks`'
+    /// database: its pool holds the table, and it takes the job's advisory lock.
+    ///
+    /// The name identifies the job across the fleet: every replica must use the same name and
+    /// the same settings. It is stored in the table as given.
+    pub fn builder(
+        locks: PostgresLockManager,
+        name: impl Into<String>,
+        period: Duration,
+    ) -> ScheduledJobBuilder {
+        ScheduledJobBuilder {
+            locks,
+            name: name.into(),
+            period,
+            offset: Duration::ZERO,
+            tolerance: None,
+            min_hold: None,
+            max_hold: None,
+            table: JobTable::default(),
+        }
+    }
+
+    /// The job's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The key of the advisory lock a run holds: `scheduled-job:{name}`.
+    pub fn lock_key(&self) -> &str {
+        &self.inner.key
+    }
+
+    /// Claims the current window and runs `body` if the job's record allows it; otherwise says
+    /// why not. The body receives the claimed [`JobRun`], with its window and run number.
+    ///
+    /// One call is one attempt: it never waits for another runner. Call it at every tick of
+    /// your schedule.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::JobStorage`] when the table cannot be created, read or written (the body has
+    ///   not run, unless the failure is in recording its end, which is logged instead);
+    /// * the errors of [`LockManager::acquire`] when the job's lock cannot be asked for
+    ///   (a busy lock is [`Skip::Busy`], not an error);
+    /// * [`Error::JobOverran`] when the body was cut off at the max hold;
+    /// * [`Error::LockLost`] when the job's lock was lost and the body cancelled.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: whichever await point the future is dropped at, no lock and no busy
+    /// connection is left, and the job can run again.
+    ///
+    /// * Before the claim is sent (creating the table, reading the record, taking the job's
+    ///   lock), nothing is recorded; a lock already taken is released in the background, as a
+    ///   dropped guard's is.
+    /// * While the claim statement is in flight, the claim may still land after the future is
+    ///   gone. Nobody runs it then: like a crashed runner's, it holds the job until its max
+    ///   hold.
+    /// * Once the claim is recorded (the body running, its end being recorded, the lock being
+    ///   released), the body's future is dropped with the run's, and the claim is given up in
+    ///   the background unless its end was recorded: the window may run again once the min
+    ///   hold since the claim has passed. If that update cannot be made, the claim expires at
+    ///   the max hold.
+    pub async fn run<F, Fut, T>(&self, body: F) -> Result<RunOutcome<T>>
+    where
+        F: FnOnce(JobRun) -> Fut + Send,
+        Fut: Future<Output = T> + Send,
+        T: Send,
+    {
+        let span = tracing::info_span!(
+            names::RUN_SPAN,
+            { names::JOB } = %self.inner.name,
+            { names::WINDOW_START } = Empty,
+            { names::RUN } = Empty,
+            { crate::telemetry::HOLDER_ID } = self.inner.locks.holder_id(),
+            { names::OUTCOME } = Empty,
+            otel.status_code = Empty,
+        );
+        let mut recorder = Recorder(Some(span.clone()));
+        let result = self.attempt(body, &span).instrument(span.clone()).await;
+        recorder.finish(&result);
+        result
+    }
+
+    async fn attempt<F, Fut, T>(&self, body: F, span: &Span) -> Result<RunOutcome<T>>
+    where
+        F: FnOnce(JobRun) -> Fut + Send,
+        Fut: Future<Output = T> + Send,
+        T: Send,
+    {
+        self.ensure_table().await?;
+        let state = self.state().await?;
+        span.record(names::WINDOW_START, state.current_window.to_rfc3339());
+        if let Some(reason) = state.skip() {
+            return Ok(skipped(&state, reason));
+        }
+        let guard = match self
+            .inner
+            .locks
+            .acquire(&self.inner.key, Some(Duration::ZERO))
+            .await
+        {
+            Ok(guard) => guard,
+            Err(err) if err.is_timeout() => return Ok(skipped(&state, Skip::Busy)),
+            Err(err) => return Err(err),
+        };
+        // Counted from before the claim is sent, so the body is cut off before the claim,
+        // stamped by the server a little later, expires.
+        let deadline = Instant::now() + self.inner.max_hold;
+        let (run, claim) = match self.claim().await? {
+            Ok(run) => {
+                let claim = Claim::new(&self.inner, run.run);
+                (run, claim)
+            }
+            Err(state) => {
+                release(guard).await;
+                let reason = state.skip().unwrap_or(Skip::Busy);
+                return Ok(skipped(&state, reason));
+            }
+        };
+        span.record(names::WINDOW_START, run.window_start.to_rfc3339());
+        span.record(names::RUN, run.run);
+        self.supervise(body, run, claim, guard, deadline).await
+    }
+
+    /// Runs the body of a claimed window until it finishes, overruns or loses its lock, and
+    /// records how it ended.
+    async fn supervise<F, Fut, T>(
+        &self,
+        body: F,
+        run: JobRun,
+        claim: Claim,
+        guard: LockGuard,
+        deadline: Instant,
+    ) -> Result<RunOutcome<T>>
+    where
+        F: FnOnce(JobRun) -> Fut + Send,
+        Fut: Future<Output = T> + Send,
+        T: Send,
+    {
+        let loss = guard.loss_signal().clone();
+        // `select!` drops the body before anything below runs: nothing is given up or
+        // released while it can still act.
+        let ended = tokio::select! {
+            biased;
+            cause = loss.lost() => Err(Ended::Lost(cause)),
+            () = sleep_until(deadline) => Err(Ended::Overran),
+            value = body(run.clone()) => Ok(value),
+        };
+        match ended {
+            Ok(value) => {
+                if let Err(err) = claim.finish().await {
+                    tracing::warn!(error = %err, "the run finished but could not be recorded; \
+                        the window may run again once its claim expires");
+                }
+                release(guard).await;
+                Ok(RunOutcome::Ran { run, value })
+            }
+            Err(Ended::Overran) => {
+                if let Err(err) = claim.abandon().await {
+                    tracing::warn!(error = %err, "an overrun claim could not be given up");
+                }
+                release(guard).await;
+                Err(Error::JobOverran {
+                    job: self.inner.name.clone(),
+                    max_hold: self.inner.max_hold,
+                })
+            }
+            Err(Ended::Lost(cause)) => {
+                drop(guard);
+                if let Err(err) = claim.abandon().await {
+                    tracing::warn!(error = %err, "a claim whose lock was lost could not be given up");
+                }
+                Err(Error::LockLost {
+                    key: self.inner.key.clone(),
+                    cause,
+                })
+            }
+        }
+    }
+
+    /// How long until the next window starts, by the database's clock: sleep that long before
+    /// the next [`run`](Self::run) to tick on the windows' boundaries.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::JobStorage`] when the database cannot be asked.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn until_next_window(&self) -> Result<Duration> {
+        let micros: i64 = sqlx::query_scalar(JobTable::until_next_window())
+            .bind(self.inner.micros.period)
+            .bind(self.inner.micros.offset)
+            .fetch_one(self.inner.locks.pool())
+            .await
+            .map_err(|source| self.storage("read the database's clock", source))?;
+        Ok(Duration::from_micros(micros.max(0).unsigned_abs()))
+    }
+
+    /// Creates the job table now, if it does not exist yet, instead of on the first run.
+    ///
+    /// A table that exists already (created by your migrations, say) is used as it is: the
+    /// role then needs no privilege to create tables, only to read and write that one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::JobStorage`] when the table cannot be looked up or created (no connection, or
+    /// a missing privilege).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the creation is one transaction; a later call tries again.
+    pub async fn ensure_table(&self) -> Result<()> {
+        let pool = self.inner.locks.pool();
+        self.inner
+            .table_ready
+            .get_or_try_init(|| async {
+                let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+                    .bind(self.inner.table.to_string())
+                    .fetch_one(pool)
+                    .await
+                    .map_err(|source| self.storage("look up the job table", source))?;
+                if !exists {
+                    sqlx::raw_sql(sqlx::AssertSqlSafe(self.inner.table.setup()))
+                        .execute(pool)
+                        .await
+                        .map_err(|source| self.storage("create the job table", source))?;
+                }
+                Ok(())
+            })
+            .await
+            .map(|_| ())
+    }
+
+    async fn state(&self) -> Result<State> {
+        let row = self
+            .bind(&self.inner.sql.state)
+            .fetch_one(self.inner.locks.pool())
+            .await
+            .map_err(|source| self.storage("read the job's record", source))?;
+        state(&row).map_err(|source| self.storage("read the job's record", source))
+    }
+
+    /// Claims the current window: the run, or the state that refused it.
+    async fn claim(&self) -> Result<std::result::Result<JobRun, State>> {
+        let row = self
+            .bind(&self.inner.sql.claim)
+            .bind(self.inner.micros.max_hold)
+            .bind(self.inner.locks.holder_id())
+            .fetch_one(self.inner.locks.pool())
+            .await
+            .map_err(|source| self.storage("claim a window", source))?;
+        let read = || -> std::result::Result<_, sqlx::Error> {
+            let claimed: bool = row.try_get("claimed")?;
+            Ok((claimed, state(&row)?))
+        };
+        let (claimed, state) = read().map_err(|source| self.storage("claim a window", source))?;
+        match state.record {
+            Some(record) if claimed => Ok(Ok(JobRun {
+                job: self.inner.name.clone(),
+                window_start: record.window_start,
+                window_end: record.window_start
+                    + chrono::Duration::microseconds(self.inner.micros.period),
+                run: record.runs,
+                started_at: record.claimed_at,
+                holder_id: record.claimed_by,
+            })),
+            _ => Ok(Err(state)),
+        }
+    }
+
+    /// A statement with the job, period, offset and skew tolerance bound as `$1` to `$4`.
+    fn bind<'q>(
+        &'q self,
+        sql: &'q str,
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        let m = self.inner.micros;
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(&self.inner.name)
+            .bind(m.period)
+            .bind(m.offset)
+            .bind(m.tolerance)
+    }
+
+    fn storage(&self, operation: &'static str, source: sqlx::Error) -> Error {
+        Error::JobStorage {
+            job: self.inner.name.clone(),
+            operation,
+            source,
+        }
+    }
+}
+
+enum Ended {
+    Overran,
+    Lost(LossCause),
+}
+
+/// Releases the job's lock; the outcome of the run does not depend on it, so a failure is only
+/// logged (an unconfirmed release closes the session, which frees the lock).
+async fn release(guard: LockGuard) {
+    if let Err(err) = guard.release().await {
+        tracing::warn!(error = %err, "the job's lock release was not confirmed");
+    }
+}
+
+fn skipped<T>(state: &State, reason: Skip) -> RunOutcome<T> {
+    RunOutcome::Skipped {
+        window_start: state.current_window,
+        reason,
+    }
+}
+
+fn state(row: &PgRow) -> std::result::Result<State, sqlx::Error> {
+    let window_start: Option<DateTime<Utc>> = row.try_get("window_start")?;
+    let record = match window_start {
+        None => None,
+        Some(window_start) => Some(Record {
+            window_start,
+            runs: row.try_get("runs")?,
+            claimed_by: row.try_get("claimed_by")?,
+            claimed_at: row.try_get("claimed_at")?,
+            finished_at: row.try_get("finished_at")?,
+            hold_until: row.try_get("hold_until")?,
+        }),
+    };
+    Ok(State {
+        now: row.try_get("now")?,
+        current_window: row.try_get("current_window")?,
+        record,
+    })
+}
+
+/// A claimed window not yet finished. Dropped while armed (the run's future was dropped), it
+/// gives the claim up in the background.
+struct Claim {
+    inner: Arc<Inner>,
+    run: i64,
+    armed: bool,
+}
+
+impl Claim {
+    fn new(inner: &Arc<Inner>, run: i64) -> Self {
+        Claim {
+            inner: Arc::clone(inner),
+            run,
+            armed: true,
+        }
+    }
+
+    async fn finish(mut self) -> std::result::Result<(), sqlx::Error> {
+        let sql = &self.inner.sql.finish;
+        if execute(&self.inner, sql, self.run).await? == 0 {
+            // Only if the claim expired and was taken over while this run held the lock: the
+            // lock was lost without this process noticing in time.
+            tracing::warn!(
+                run = self.run,
+                "the run finished after its claim was taken over"
+            );
+        }
+        self.armed = false;
+        Ok(())
+    }
+
+    async fn abandon(mut self) -> std::result::Result<(), sqlx::Error> {
+        let sql = &self.inner.sql.abandon;
+        execute(&self.inner, sql, self.run).await?;
+        self.armed = false;
+        Ok(())
+    }
+}
+
+/// Runs the finish or abandon statement for `run`; returns how many rows it changed.
+async fn execute(inner: &Inner, sql: &str, run: i64) -> std::result::Result<u64, sqlx::Error> {
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(&inner.name)
+        .bind(run)
+        .bind(inner.micros.min_hold)
+        .execute(inner.locks.pool())
+        .await
+        .map(|done| done.rows_affected())
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        // Without a runtime (it is shutting down) the claim simply expires at the max hold.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (inner, run) = (Arc::clone(&self.inner), self.run);
+            runtime.spawn(async move {
+                if let Err(err) = execute(&inner, &inner.sql.abandon, run).await {
+                    tracing::warn!(error = %err, job = %inner.name, "a dropped run's claim could not be given up");
+                }
+            });
+        }
+    }
+}
+
+/// Records the run span's outcome, `cancelled` if the run's future is dropped first.
+struct Recorder(Option<Span>);
+
+impl Recorder {
+    fn finish<T>(&mut self, result: &Result<RunOutcome<T>>) {
+        let Some(span) = self.0.take() else { return };
+        let (outcome, failed) = match result {
+            Ok(RunOutcome::Ran { .. }) => (names::outcome::RAN, false),
+            Ok(RunOutcome::Skipped { reason, .. }) => (reason.as_str(), false),
+            Err(Error::JobOverran { .. }) => (names::outcome::OVERRAN, true),
+            Err(Error::LockLost { .. }) => (names::outcome::LOST, true),
+            Err(err) => {
+                tracing::warn!(parent: &span, error = %err, "scheduled job failed");
+                (names::outcome::ERROR, true)
+            }
+        };
+        span.record(names::OUTCOME, outcome);
+        if failed {
+            span.record("otel.status_code", "ERROR");
+        }
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        if let Some(span) = self.0.take() {
+            span.record(names::OUTCOME, names::outcome::CANCELLED);
+        }
+    }
+}
+
+impl fmt::Debug for ScheduledJob {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let i = &self.inner;
+        f.debug_struct("ScheduledJob")
+            .field("name", &i.name)
+            .field("table", &i.table)
+            .field("period", &i.period)
+            .field("micros", &i.micros)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,225 @@
+//! What a scheduled run reports: the run it made, or why it skipped.
+
+use chrono::{DateTime, Utc};
+
+/// One claimed window of a [`ScheduledJob`](super::ScheduledJob), as the job's body receives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct JobRun {
+    /// The job's name.
+    pub job: String,
+    /// The start of the window this run is for (database time).
+    pub window_start: DateTime<Utc>,
+    /// The end of that window: its start plus the period.
+    pub window_end: DateTime<Utc>,
+    /// The run number: how many claims the job has had, this one included. It strictly
+    /// increases with every claim of the job, across processes and restarts, so it serves as a
+    /// fencing token for what the run writes.
+    pub run: i64,
+    /// When the window was claimed, by the database's clock.
+    pub started_at: DateTime<Utc>,
+    /// The holder id of the manager that claimed it.
+    pub holder_id: Option<String>,
+}
+
+/// What [`ScheduledJob::run`](super::ScheduledJob::run) did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a skipped run did not run the job"]
+#[non_exhaustive]
+pub enum RunOutcome<T> {
+    /// This process claimed the window and the body ran to completion.
+    Ran {
+        /// The claimed window.
+        run: JobRun,
+        /// What the body returned.
+        value: T,
+    },
+    /// The body did not run.
+    Skipped {
+        /// The window a claim made now would have been for.
+        window_start: DateTime<Utc>,
+        /// Why not.
+        reason: Skip,
+    },
+}
+
+impl<T> RunOutcome<T> {
+    /// True when the body ran.
+    pub fn ran(&self) -> bool {
+        matches!(self, RunOutcome::Ran { .. })
+    }
+
+    /// The run, when the body ran.
+    pub fn run(&self) -> Option<&JobRun> {
+        match self {
+            RunOutcome::Ran { run, .. } => Some(run),
+            RunOutcome::Skipped { .. } => None,
+        }
+    }
+
+    /// Why the body did not run, when it did not.
+    pub fn skipped(&self) -> Option<&Skip> {
+        match self {
+            RunOutcome::Ran { .. } => None,
+            RunOutcome::Skipped { reason, .. } => Some(reason),
+        }
+    }
+
+    /// The body's value, when it ran.
+    pub fn into_value(self) -> Option<T> {
+        match self {
+            RunOutcome::Ran { value, .. } => Some(value),
+            RunOutcome::Skipped { .. } => None,
+        }
+    }
+}
+
+/// Why a run was skipped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Skip {
+    /// The current window has been run to completion already.
+    AlreadyRan {
+        /// The run that completed it.
+        run: i64,
+        /// Who ran it.
+        by: Option<String>,
+        /// When it finished (database time).
+        finished_at: DateTime<Utc>,
+    },
+    /// A run that has not finished still holds the job: it is running, or its runner stopped
+    /// without finishing (crashed, cut off) and its claim has not expired yet.
+    Running {
+        /// The window it is for: this one, when it is retried, or an earlier one.
+        window_start: DateTime<Utc>,
+        /// Its run number.
+        run: i64,
+        /// Who claimed it.
+        by: Option<String>,
+        /// When its claim ends if nothing is recorded before (its start plus the max hold).
+        expires_at: DateTime<Utc>,
+    },
+    /// The previous run finished, but less than the min hold has passed since it started.
+    TooSoon {
+        /// Its run number.
+        run: i64,
+        /// When the job may run again (its start plus the min hold, database time).
+        until: DateTime<Utc>,
+    },
+    /// Another process holds the job's advisory lock right now: it is claiming or running the
+    /// job.
+    Busy,
+}
+
+impl Skip {
+    /// A stable name for logs and telemetry: `already_ran`, `running`, `too_soon` or `busy`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Skip::AlreadyRan { .. } => "already_ran",
+            Skip::Running { .. } => "running",
+            Skip::TooSoon { .. } => "too_soon",
+            Skip::Busy => "busy",
+        }
+    }
+}
+
+/// The job's record as one statement saw it, next to the database's clock.
+#[derive(Debug, Clone)]
+pub(super) struct State {
+    pub(super) now: DateTime<Utc>,
+    pub(super) current_window: DateTime<Utc>,
+    pub(super) record: Option<Record>,
+}
+
+/// The job's row.
+#[derive(Debug, Clone)]
+pub(super) struct Record {
+    pub(super) window_start: DateTime<Utc>,
+    pub(super) runs: i64,
+    pub(super) claimed_by: Option<String>,
+    pub(super) claimed_at: DateTime<Utc>,
+    pub(super) finished_at: Option<DateTime<Utc>>,
+    pub(super) hold_until: DateTime<Utc>,
+}
+
+impl State {
+    /// Why a claim made at this state would fail, or `None` when it would succeed: the
+    /// claim statement's condition, read out as a reason.
+    pub(super) fn skip(&self) -> Option<Skip> {
+        let record = self.record.as_ref()?;
+        let this_window_done = record.window_start >= self.current_window;
+        match record.finished_at {
+            Some(finished_at) if this_window_done => Some(Skip::AlreadyRan {
+                run: record.runs,
+                by: record.claimed_by.clone(),
+                finished_at,
+            }),
+            _ if record.hold_until <= self.now => None,
+            None => Some(Skip::Running {
+                window_start: record.window_start,
+                run: record.runs,
+                by: record.claimed_by.clone(),
+                expires_at: record.hold_until,
+            }),
+            Some(_) => Some(Skip::TooSoon {
+                run: record.runs,
+                until: record.hold_until,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn at(secs: i64) -> DateTime<Utc> {
+        Utc.timestamp_opt(secs, 0).single().expect("valid")
+    }
+
+    fn state(now: i64, window: i64, record: Option<(i64, Option<i64>, i64)>) -> State {
+        State {
+            now: at(now),
+            current_window: at(window),
+            record: record.map(|(window_start, finished, hold_until)| Record {
+                window_start: at(window_start),
+                runs: 7,
+                claimed_by: Some("w".into()),
+                claimed_at: at(window_start),
+                finished_at: finished.map(at),
+                hold_until: at(hold_until),
+            }),
+        }
+    }
+
+    #[test]
+    fn reasons_follow_the_claim_condition() {
+        // Never claimed.
+        assert_eq!(state(100, 100, None).skip(), None);
+        // This window finished, whatever the hold.
+        let done = state(130, 100, Some((100, Some(101), 110))).skip();
+        assert!(
+            matches!(done, Some(Skip::AlreadyRan { run: 7, .. })),
+            "{done:?}"
+        );
+        // An earlier window finished, its min hold not over yet.
+        let soon = state(101, 100, Some((40, Some(41), 105))).skip();
+        assert_eq!(
+            soon,
+            Some(Skip::TooSoon {
+                run: 7,
+                until: at(105)
+            })
+        );
+        // An earlier window finished and its hold is over.
+        assert_eq!(state(106, 100, Some((40, Some(41), 105))).skip(), None);
+        // Unfinished, not expired: running (this window or an earlier one).
+        for window_start in [40, 100] {
+            let running = state(101, 100, Some((window_start, None, 150))).skip();
+            assert!(matches!(running, Some(Skip::Running { .. })), "{running:?}");
+        }
+        // Unfinished and expired: this window may be retried.
+        assert_eq!(state(151, 100, Some((100, None, 150))).skip(), None);
+    }
+}

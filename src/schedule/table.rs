@@ -1,0 +1,196 @@
+//! Where scheduled jobs record their windows, and the statements that read and write it.
+
+use std::fmt;
+
+use crate::{FencingTable, Result};
+
+/// The table in which [`ScheduledJob`](super::ScheduledJob)s record their runs: one row per job,
+/// describing its latest claim.
+///
+/// | column | meaning |
+/// | --- | --- |
+/// | `job` | the job's name (primary key) |
+/// | `window_start` | the start of the window the latest claim was for |
+/// | `runs` | how many claims the job has had; the latest claim's [run number](super::JobRun::run) |
+/// | `claimed_by` | the holder id of the latest claim's manager |
+/// | `claimed_at` | when the latest claim was made, by the database's clock |
+/// | `finished_at` | when its run finished, or `NULL` while it runs (or if it never finished) |
+/// | `hold_until` | no new claim before this moment |
+///
+/// Everything in it is the database's time (`now()`), never a client's. The name is quoted as
+/// an identifier, exactly as for [`FencingTable`]: case-sensitive, any character, `schema.table`
+/// for a table in a schema. The table is created on first use if it does not exist (concurrent
+/// creators are serialised), or up front with
+/// [`ScheduledJob::ensure_table`](super::ScheduledJob::ensure_table), or by your own migrations
+/// with [`ddl`](JobTable::ddl). Jobs with different names share one table.
+///
+/// ```
+/// use pglock::schedule::JobTable;
+///
+/// let table = JobTable::new("ops.job_windows")?;
+/// assert_eq!(table.to_string(), r#""ops"."job_windows""#);
+/// assert!(JobTable::new("a.b.c").is_err());
+/// # Ok::<(), pglock::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobTable {
+    quoted: String,
+}
+
+impl JobTable {
+    /// The default table name.
+    pub const DEFAULT_NAME: &str = "pglock_scheduled_jobs";
+
+    /// A table called `name` (`table` or `schema.table`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidIdentifier`](crate::Error::InvalidIdentifier) when a part is empty,
+    /// longer than PostgreSQL's 63 bytes, or contains a NUL byte, or when the name has more
+    /// than two parts.
+    pub fn new(name: &str) -> Result<Self> {
+        // The same rules and quoting as the fencing table's.
+        Ok(JobTable {
+            quoted: FencingTable::new(name)?.to_string(),
+        })
+    }
+
+    /// The statement that creates the table if it does not exist.
+    pub fn ddl(&self) -> String {
+        format!(
+            "CREATE TABLE IF NOT EXISTS {} (job text PRIMARY KEY, \
+             window_start timestamptz NOT NULL, runs bigint NOT NULL, claimed_by text, \
+             claimed_at timestamptz NOT NULL, finished_at timestamptz, \
+             hold_until timestamptz NOT NULL)",
+            self.quoted
+        )
+    }
+
+    /// Creates the table in one transaction, serialised with every other creator by an
+    /// advisory lock, since concurrent `CREATE TABLE IF NOT EXISTS` can collide.
+    pub(super) fn setup(&self) -> String {
+        format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({}); {}; COMMIT",
+            crate::lock_id("pglock:job-table-setup"),
+            self.ddl()
+        )
+    }
+
+    /// The job's row next to the database's clock and current window. Parameters: `$1` job,
+    /// `$2` period, `$3` offset, `$4` skew tolerance (microseconds).
+    pub(super) fn state(&self) -> String {
+        format!(
+            "WITH {CLOCK} SELECT {CURRENT}, j.window_start, j.runs, j.claimed_by, \
+             j.claimed_at, j.finished_at, j.hold_until \
+             FROM clock LEFT JOIN {t} j ON j.job = $1",
+            t = self.quoted
+        )
+    }
+
+    /// Claims the current window if the job's record allows it, in one statement: the row
+    /// lock of `ON CONFLICT DO UPDATE` serialises concurrent claimers, and each re-checks the
+    /// condition on the latest row. Returns one row either way, `claimed` saying which.
+    /// Parameters as for [`state`](Self::state), plus `$5` max hold (microseconds) and `$6`
+    /// the holder id.
+    pub(super) fn claim(&self) -> String {
+        format!(
+            "WITH {CLOCK}, claimed AS ( \
+               INSERT INTO {t} AS j (job, window_start, runs, claimed_by, claimed_at, \
+                                     finished_at, hold_until) \
+               SELECT $1, clock.window_start, 1, $6, clock.now, NULL, \
+                      clock.now + $5::int8 * interval '1 microsecond' FROM clock \
+               ON CONFLICT (job) DO UPDATE SET window_start = EXCLUDED.window_start, \
+                 runs = j.runs + 1, claimed_by = EXCLUDED.claimed_by, \
+                 claimed_at = EXCLUDED.claimed_at, finished_at = NULL, \
+                 hold_until = EXCLUDED.hold_until \
+               WHERE {CLAIMABLE} \
+               RETURNING j.window_start, j.runs, j.claimed_by, j.claimed_at, j.finished_at, \
+                         j.hold_until) \
+             SELECT true AS claimed, {CURRENT}, c.* FROM claimed c, clock \
+             UNION ALL \
+             SELECT false, {CURRENT}, j.window_start, j.runs, j.claimed_by, j.claimed_at, \
+                    j.finished_at, j.hold_until \
+             FROM {t} j, clock WHERE j.job = $1 AND NOT EXISTS (SELECT FROM claimed)",
+            t = self.quoted
+        )
+    }
+
+    /// Records that run `$2` of job `$1` finished: the claim holds on until `$3` (min hold,
+    /// microseconds) past its start, or ends now if that has passed.
+    pub(super) fn finish(&self) -> String {
+        format!(
+            "UPDATE {} SET finished_at = now(), \
+             hold_until = greatest(claimed_at + $3::int8 * interval '1 microsecond', now()) \
+             WHERE job = $1 AND runs = $2 AND finished_at IS NULL",
+            self.quoted
+        )
+    }
+
+    /// Gives up run `$2` of job `$1` without finishing it: its window may be claimed again
+    /// once the min hold `$3` has passed since the claim, instead of at the max hold.
+    pub(super) fn abandon(&self) -> String {
+        format!(
+            "UPDATE {} SET hold_until = least(hold_until, \
+               greatest(claimed_at + $3::int8 * interval '1 microsecond', now())) \
+             WHERE job = $1 AND runs = $2 AND finished_at IS NULL",
+            self.quoted
+        )
+    }
+
+    /// The time from the database's `now()` to the start of the next window, in microseconds.
+    /// Parameters: `$1` period, `$2` offset (microseconds).
+    pub(super) fn until_next_window() -> &'static str {
+        "SELECT (((floor((extract(epoch FROM now()) * 1000000 - $2) / $1) + 1) * $1 + $2) \
+                 - extract(epoch FROM now()) * 1000000)::int8"
+    }
+}
+
+/// The database's clock, and the start of the window a claim made now is for: windows are
+/// aligned to whole periods since the Unix epoch, shifted by the offset, and a claim up to the
+/// skew tolerance before a window's start counts for that window. All integer microseconds.
+const CLOCK: &str = "clock AS (SELECT now() AS now, \
+    'epoch'::timestamptz + (floor((extract(epoch FROM now()) * 1000000 - $3 + $4) / $2) \
+    * $2 + $3)::float8 * interval '1 microsecond' AS window_start)";
+
+/// The current clock's columns, as every statement returns them.
+const CURRENT: &str = "clock.now AS now, clock.window_start AS current_window";
+
+/// A claim may replace the record when the previous claim is over (finished and past its min
+/// hold, or past its max hold) and either was for an earlier window or never finished.
+const CLAIMABLE: &str = "j.hold_until <= EXCLUDED.claimed_at \
+    AND (j.window_start < EXCLUDED.window_start OR j.finished_at IS NULL)";
+
+impl Default for JobTable {
+    fn default() -> Self {
+        JobTable::new(Self::DEFAULT_NAME).expect("the default name is valid")
+    }
+}
+
+impl fmt::Display for JobTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.quoted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_validated_and_quoted_like_the_fencing_table() {
+        assert_eq!(JobTable::default().to_string(), "\"pglock_scheduled_jobs\"");
+        assert_eq!(
+            JobTable::new(r#"x"; DROP TABLE y"#).unwrap().to_string(),
+            r#""x""; DROP TABLE y""#
+        );
+        for bad in ["", "a.", "a.b.c", "nul\0"] {
+            assert!(
+                matches!(
+                    JobTable::new(bad),
+                    Err(crate::Error::InvalidIdentifier { .. })
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+}

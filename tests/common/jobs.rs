@@ -1,0 +1,100 @@
+//! Helpers for the scheduled-job tests: private tables, the database's clock, the job's row as
+//! the table holds it.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use pglock::schedule::JobTable;
+use sqlx::PgPool;
+
+/// A job table no other test uses: its name, and the table for builders.
+pub fn private_table() -> (String, JobTable) {
+    let name = format!(
+        "pglock_test_jobs_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
+    let table = JobTable::new(&name).expect("a valid name");
+    (name, table)
+}
+
+/// A job name no other test uses.
+pub fn job_name(label: &str) -> String {
+    format!(
+        "{label}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+/// The database's clock.
+pub async fn db_now(pool: &PgPool) -> DateTime<Utc> {
+    sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(pool)
+        .await
+        .expect("read the clock")
+}
+
+/// Waits until the database's clock reads `at` or later (at most 15 s past the call).
+pub async fn until_db_time(pool: &PgPool, at: DateTime<Utc>) {
+    let bound = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let now = db_now(pool).await;
+        if now >= at {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < bound,
+            "the database's clock never reached {at}"
+        );
+        let left = (at - now).to_std().unwrap_or_default();
+        tokio::time::sleep(left.min(Duration::from_millis(50))).await;
+    }
+}
+
+/// The offset that makes a window of `period` start `ahead` after `now`.
+pub fn offset_for_boundary(now: DateTime<Utc>, period: Duration, ahead: Duration) -> Duration {
+    let period = period.as_micros() as i64;
+    let boundary = now.timestamp_micros() + ahead.as_micros() as i64;
+    Duration::from_micros(boundary.rem_euclid(period) as u64)
+}
+
+/// The job's row, read straight from the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    pub window_start: DateTime<Utc>,
+    pub runs: i64,
+    pub claimed_by: Option<String>,
+    pub claimed_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub hold_until: DateTime<Utc>,
+}
+
+/// The row of `job` in the table named `table`.
+pub async fn row(pool: &PgPool, table: &str, job: &str) -> Option<Row> {
+    let table = JobTable::new(table).expect("a valid name");
+    type Tuple = (
+        DateTime<Utc>,
+        i64,
+        Option<String>,
+        DateTime<Utc>,
+        Option<DateTime<Utc>>,
+        DateTime<Utc>,
+    );
+    let row: Option<Tuple> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT window_start, runs, claimed_by, claimed_at, finished_at, hold_until \
+         FROM {table} WHERE job = $1"
+    )))
+    .bind(job)
+    .fetch_optional(pool)
+    .await
+    .expect("read the job's row");
+    row.map(
+        |(window_start, runs, claimed_by, claimed_at, finished_at, hold_until)| Row {
+            window_start,
+            runs,
+            claimed_by,
+            claimed_at,
+            finished_at,
+            hold_until,
+        },
+    )
+}

@@ -1,0 +1,72 @@
+//! A guard releases only its own acquisition, whichever way its release goes: through
+//! `release`, through a drop while the registry is free, or through a drop while the registry
+//! is busy (which defers the release to a task).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{app_name, eventually, key, lock_rows, observer, pool_named};
+use pglock::{InMemoryLockManager, LockGuard, LockManager, PostgresLockManager, lock_id};
+
+/// Drops a stale guard on the deferred path while a newer acquisition of its key is
+/// registered, then drops a current guard of another key on the same path as a sentinel: the
+/// deferred releases queue on the registry in order, so once the sentinel's key is free the
+/// stale guard's release has run too.
+async fn stale_deferred_drop_spares_the_newer_acquisition(
+    locks: &dyn LockManager,
+    server: Option<&sqlx::PgPool>,
+) {
+    let (key, sentinel) = (key("deferred"), key("sentinel"));
+    let stale: LockGuard = locks.acquire(&key, None).await.expect("acquire");
+    locks.release(&key).await.expect("release by key");
+    assert!(
+        locks.try_acquire(&key).await.expect("try").is_some(),
+        "the newer acquisition"
+    );
+    let current = locks.acquire(&sentinel, None).await.expect("acquire");
+    drop(stale);
+    drop(current);
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while locks.is_held(&sentinel).await {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the sentinel's deferred release ran");
+    assert!(
+        locks.is_held(&key).await,
+        "the stale guard released the newer acquisition"
+    );
+    assert_eq!(locks.held_lock_count(), 1);
+    if let Some(server) = server {
+        assert_eq!(
+            lock_rows(server, lock_id(&key)).await.len(),
+            1,
+            "still held on the server"
+        );
+    }
+    locks
+        .release(&key)
+        .await
+        .expect("the newer acquisition is still there");
+}
+
+#[tokio::test]
+async fn in_memory_stale_guards_dropped_while_the_registry_is_busy_release_nothing() {
+    let locks = InMemoryLockManager::builder().defer_guard_drops().build();
+    stale_deferred_drop_spares_the_newer_acquisition(&locks, None).await;
+}
+
+#[tokio::test]
+async fn postgres_stale_guards_dropped_while_the_registry_is_busy_release_nothing() {
+    let observer = observer().await;
+    let locks = PostgresLockManager::builder(pool_named(3, &app_name("deferred")).await)
+        .defer_guard_drops()
+        .build();
+    stale_deferred_drop_spares_the_newer_acquisition(&locks, Some(&observer)).await;
+    eventually("no lock of the manager is left", || async {
+        locks.held_lock_count() == 0
+    })
+    .await;
+}
