@@ -105,6 +105,189 @@ pub fn migration_key(tenant_id: Uuid) -> String {
     migration_lock_key(tenant_id, MIGRATION_OPERATION)
 }
 
+/// A lock's key: what the lock is called, and which PostgreSQL advisory lock it is.
+///
+/// Most locks are named by a string, and a string converts into a key with the frozen
+/// [`lock_id`] derivation (the default, shared with the Python original). The other
+/// constructors reach locks that existing systems already use:
+///
+/// | constructor | the PostgreSQL lock | for |
+/// | --- | --- | --- |
+/// | [`LockKey::name`], `From<&str>`, `From<String>` | `pg_advisory_lock(lock_id(name))` | new code, Python services of the original |
+/// | [`LockKey::id`], `From<i64>` | `pg_advisory_lock(id)` | integer ids locked by hand-written SQL, Rails and others |
+/// | [`LockKey::pair`], `From<(i32, i32)>` | `pg_advisory_lock(a, b)` | the two-integer space, which never overlaps the 64-bit one |
+/// | [`LockKey::sqlx`] | `pg_advisory_lock(id)`, `id` derived as sqlx's `PgAdvisoryLock::new(name)` does | services moving from sqlx's advisory locks |
+///
+/// Two keys are the same lock when they are equal; a name and an id that happen to give the
+/// same 64-bit number are the same lock on the server, and two managers using them exclude
+/// each other, but a manager treats them as two keys.
+///
+/// ```
+/// use pglock::{LockKey, LockTarget};
+///
+/// assert_eq!(LockKey::from("alpha").target(), LockTarget::BigInt(1068468761257547166));
+/// assert_eq!(LockKey::id(-7).target(), LockTarget::BigInt(-7));
+/// assert_eq!(LockKey::pair(1, 2).target(), LockTarget::IntPair(1, 2));
+/// assert_eq!(LockKey::from("alpha").to_string(), "alpha");
+/// assert_eq!(LockKey::pair(1, 2).to_string(), "pair:1,2");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LockKey {
+    repr: Repr,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Repr {
+    Name(String),
+    Id(i64),
+    Pair(i32, i32),
+    Sqlx(String),
+}
+
+/// The PostgreSQL advisory lock a [`LockKey`] stands for: one of the two key spaces of
+/// PostgreSQL's advisory-lock functions, which never overlap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LockTarget {
+    /// `pg_advisory_lock(bigint)`: `pg_locks` shows the high half as `classid`, the low half as
+    /// `objid`, and `objsubid = 1`.
+    BigInt(i64),
+    /// `pg_advisory_lock(int, int)`: `pg_locks` shows them as `classid` and `objid`, with
+    /// `objsubid = 2`.
+    IntPair(i32, i32),
+}
+
+impl LockTarget {
+    /// One 64-bit number for the target: the id itself, or the pair packed high and low
+    /// (which is how `pg_locks` splits both into `classid` and `objid`).
+    pub fn packed(self) -> i64 {
+        match self {
+            LockTarget::BigInt(id) => id,
+            LockTarget::IntPair(a, b) => ((a as i64) << 32) | i64::from(b as u32),
+        }
+    }
+
+    /// `pg_locks.objsubid` of this target: 1 for a bigint, 2 for a pair.
+    pub fn objsubid(self) -> i16 {
+        match self {
+            LockTarget::BigInt(_) => 1,
+            LockTarget::IntPair(..) => 2,
+        }
+    }
+}
+
+impl LockKey {
+    /// A key named `name`, locked as `pg_advisory_lock(lock_id(name))`: the default.
+    pub fn name(name: impl Into<String>) -> Self {
+        LockKey {
+            repr: Repr::Name(name.into()),
+        }
+    }
+
+    /// The 64-bit advisory lock `id` itself.
+    pub fn id(id: i64) -> Self {
+        LockKey { repr: Repr::Id(id) }
+    }
+
+    /// The two-integer advisory lock `(a, b)`.
+    pub fn pair(a: i32, b: i32) -> Self {
+        LockKey {
+            repr: Repr::Pair(a, b),
+        }
+    }
+
+    /// The lock sqlx's `PgAdvisoryLock::new(name)` takes, so a service moving from sqlx's
+    /// advisory locks contends with its replicas that still use them.
+    ///
+    /// sqlx derives a 64-bit id from the name with HKDF-SHA256 (no salt, the info string
+    /// `SQLx (Rust) Postgres advisory lock`, 8 bytes read little-endian), a different id than
+    /// [`lock_id`] gives. The value below is the one sqlx documents for its example:
+    ///
+    /// ```
+    /// use pglock::{LockKey, LockTarget};
+    ///
+    /// assert_eq!(
+    ///     LockKey::sqlx("my first Postgres advisory lock!").target(),
+    ///     LockTarget::BigInt(-5560419505042474287),
+    /// );
+    /// ```
+    pub fn sqlx(name: impl Into<String>) -> Self {
+        LockKey {
+            repr: Repr::Sqlx(name.into()),
+        }
+    }
+
+    /// The advisory lock this key stands for.
+    pub fn target(&self) -> LockTarget {
+        match &self.repr {
+            Repr::Name(name) => LockTarget::BigInt(lock_id(name)),
+            Repr::Id(id) => LockTarget::BigInt(*id),
+            Repr::Pair(a, b) => LockTarget::IntPair(*a, *b),
+            Repr::Sqlx(name) => LockTarget::BigInt(sqlx_lock_id(name)),
+        }
+    }
+
+    /// The name of a key made from a string with the default derivation.
+    pub fn as_name(&self) -> Option<&str> {
+        match &self.repr {
+            Repr::Name(name) => Some(name),
+            _ => None,
+        }
+    }
+}
+
+/// sqlx's derivation of a lock id from a name (`PgAdvisoryLock::new`).
+fn sqlx_lock_id(name: &str) -> i64 {
+    // DO NOT CHANGE: it must give what sqlx gives, or pglock and sqlx stop excluding each other.
+    let hkdf = hkdf::Hkdf::<Sha256>::new(None, name.as_bytes());
+    let mut okm = [0u8; 8];
+    hkdf.expand(b"SQLx (Rust) Postgres advisory lock", &mut okm)
+        .expect("8 bytes is a valid HKDF-SHA256 output length");
+    i64::from_le_bytes(okm)
+}
+
+/// Names print as themselves (so messages match the Python original's); the other keys as
+/// `id:{id}`, `pair:{a},{b}` and `sqlx:{name}`.
+impl std::fmt::Display for LockKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.repr {
+            Repr::Name(name) => f.write_str(name),
+            Repr::Id(id) => write!(f, "id:{id}"),
+            Repr::Pair(a, b) => write!(f, "pair:{a},{b}"),
+            Repr::Sqlx(name) => write!(f, "sqlx:{name}"),
+        }
+    }
+}
+
+impl From<&str> for LockKey {
+    fn from(name: &str) -> Self {
+        LockKey::name(name)
+    }
+}
+
+impl From<String> for LockKey {
+    fn from(name: String) -> Self {
+        LockKey::name(name)
+    }
+}
+
+impl From<&String> for LockKey {
+    fn from(name: &String) -> Self {
+        LockKey::name(name.as_str())
+    }
+}
+
+impl From<i64> for LockKey {
+    fn from(id: i64) -> Self {
+        LockKey::id(id)
+    }
+}
+
+impl From<(i32, i32)> for LockKey {
+    fn from((a, b): (i32, i32)) -> Self {
+        LockKey::pair(a, b)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,6 +312,25 @@ mod tests {
             lock_id(&migration_key(tenant)),
             lock_id(&migration_lock_key(tenant, CUTOVER_OPERATION))
         );
+    }
+
+    #[test]
+    fn packed_targets_split_like_pg_locks() {
+        assert_eq!(LockTarget::IntPair(1, 2).packed(), (1 << 32) | 2);
+        assert_eq!(
+            split_lock_id(LockTarget::IntPair(-1, -2).packed()),
+            (u32::MAX, u32::MAX - 1)
+        );
+        assert_eq!(LockTarget::BigInt(-7).packed(), -7);
+        assert_eq!(
+            LockKey::from("alpha").target().packed(),
+            lock_id("alpha"),
+            "a name keeps its frozen id"
+        );
+        assert_ne!(LockKey::from("42"), LockKey::id(42));
+        assert_eq!(LockKey::from((1, 2)), LockKey::pair(1, 2));
+        assert_eq!(LockKey::sqlx("x").to_string(), "sqlx:x");
+        assert_eq!(LockKey::id(-7).to_string(), "id:-7");
     }
 
     #[test]

@@ -114,8 +114,8 @@ pub use crate::fence::RowFence;
 pub use crate::guard::{GuardBackend, LockGuard};
 pub use crate::info::{LockInfo, LockMode};
 pub use crate::key::{
-    CUTOVER_OPERATION, MIGRATION_OPERATION, lock_id, migration_key, migration_lock_key,
-    split_lock_id,
+    CUTOVER_OPERATION, LockKey, LockTarget, MIGRATION_OPERATION, lock_id, migration_key,
+    migration_lock_key, split_lock_id,
 };
 pub use crate::leader::{LeaderElection, LeaderElectionBuilder, Leadership};
 pub use crate::loss::{LossCause, LossSignal};
