@@ -23,6 +23,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// | [`PoolClosed`](Error::PoolClosed) | the pool was closed | the application is shutting down |
 /// | [`TooManyConnections`](Error::TooManyConnections) | the server refused a new connection: too many clients | lower the pools' sizes, or raise the server's `max_connections` |
 /// | [`Standby`](Error::Standby) | the pool points at a standby | point the lock pool at the primary |
+/// | [`NotInTransaction`](Error::NotInTransaction) | a [`TransactionLock`](crate::TransactionLock) on a connection in autocommit | begin a transaction and lock on it |
 /// | [`Connection`](Error::Connection) | no session could be opened or it broke | the database is unreachable; retry with backoff |
 /// | [`NotHeld`](Error::NotHeld) | `release` of a key this manager does not hold | a bookkeeping bug in the caller, or the lock was already released |
 /// | [`ReleaseFailed`](Error::ReleaseFailed) | the server did not confirm the unlock | nothing to undo: the session was closed, which frees the lock on the server |
@@ -110,6 +111,18 @@ pub enum Error {
          taken there exclude nothing on the primary. Point the lock pool at the primary."
     )]
     Standby {
+        /// The key that was requested.
+        key: String,
+    },
+
+    /// A [`TransactionLock`](crate::TransactionLock) was asked of a connection that is not in a
+    /// transaction block. In autocommit, a transaction-scoped lock would be released as soon
+    /// as it was granted, so nothing was locked.
+    #[error(
+        "Failed to acquire lock '{key}': the connection is not in a transaction, where a \
+         transaction lock would be released at once. Begin a transaction and lock on it."
+    )]
+    NotInTransaction {
         /// The key that was requested.
         key: String,
     },
@@ -483,6 +496,7 @@ impl Error {
             | Error::PoolClosed { key }
             | Error::TooManyConnections { key, .. }
             | Error::Standby { key }
+            | Error::NotInTransaction { key }
             | Error::Connection { key, .. }
             | Error::ReleaseFailed { key, .. }
             | Error::LockLost { key, .. }

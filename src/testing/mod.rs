@@ -12,10 +12,13 @@
 //!   case for any manager, yours included.
 //! * [`database_url`] and [`TempPostgres`]: a real PostgreSQL for tests, from `DATABASE_URL` or
 //!   from a throwaway server started from the installed binaries.
+//! * [`TempPgBouncer`]: a PgBouncer of the tests' own in front of a server, in the
+//!   [`PoolMode`] under test, to test code that runs behind one.
 //! * [`Stage`], [`pause_at`]: stop an operation of this crate's managers at a chosen await
 //!   point, to test what happens when it is cancelled there.
 
 pub mod conformance;
+mod pgbouncer;
 mod server;
 
 use std::sync::Arc;
@@ -24,6 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::{Notify, Semaphore};
 
 pub use crate::core::{Hook as StageHook, Stage};
+pub use pgbouncer::{HOW_TO_GET_PGBOUNCER, PoolMode, TempPgBouncer};
 pub use server::{TempPostgres, database_url, shared_server};
 
 /// A hook that parks the first operation reaching `stage` until [`Pause::resume`] (or forever),

@@ -268,7 +268,7 @@ fn free_port() -> io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn running_as_root() -> bool {
+pub(crate) fn running_as_root() -> bool {
     // The effective uid is the second field of the `Uid:` line.
     fs::read_to_string("/proc/self/status")
         .ok()

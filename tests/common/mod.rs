@@ -4,6 +4,7 @@
 pub mod cli;
 pub mod jobs;
 pub mod otel;
+pub mod pgbouncer;
 pub mod proxy;
 
 use std::future::Future;
