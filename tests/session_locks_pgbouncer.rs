@@ -74,8 +74,14 @@ async fn the_lock_is_shared_with_every_client_of_its_server_connection() {
 
     let other_client = pgbouncer::pool(&bouncer, 1, "another-client").await;
     let (ran_on, granted) = try_lock_as_another_client(&other_client, guard.lock_id).await;
-    assert_eq!(ran_on, server_connection, "one server connection serves both");
-    assert!(granted, "another client of the pooler got the key the manager holds");
+    assert_eq!(
+        ran_on, server_connection,
+        "one server connection serves both"
+    );
+    assert!(
+        granted,
+        "another client of the pooler got the key the manager holds"
+    );
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "SELECT pg_advisory_unlock({})",
         guard.lock_id
@@ -89,7 +95,10 @@ async fn the_lock_is_shared_with_every_client_of_its_server_connection() {
         direct.try_acquire(&name).await.expect("try").is_none(),
         "a direct client is refused"
     );
-    guard.release().await.expect("the unlock ran on the same server connection");
+    guard
+        .release()
+        .await
+        .expect("the unlock ran on the same server connection");
     assert!(holders(&observer, &key).await.is_empty());
 }
 
@@ -150,9 +159,10 @@ async fn the_unlock_can_land_on_another_server_connection_and_the_lock_stays() {
     );
 
     drop(bouncer);
-    eventually("the lock goes with PgBouncer's server connection", || async {
-        holders(&observer, &key).await.is_empty()
-    })
+    eventually(
+        "the lock goes with PgBouncer's server connection",
+        || async { holders(&observer, &key).await.is_empty() },
+    )
     .await;
 }
 

@@ -110,7 +110,10 @@ async fn clients_of_the_pooler_exclude_each_other() {
         pids.len() >= 2,
         "the transactions all ran on one server connection ({pids:?}), which proves nothing"
     );
-    assert!(holders(&observer, &key).await.is_empty(), "nothing is held after the commits");
+    assert!(
+        holders(&observer, &key).await.is_empty(),
+        "nothing is held after the commits"
+    );
 }
 
 /// How a holder's transaction ends.
@@ -209,10 +212,17 @@ async fn a_deadline_ends_the_wait_and_leaves_the_transaction_usable() {
     assert!(err.is_timeout(), "{err:?}");
     assert_eq!(err.key(), Some(key.to_string().as_str()));
     assert!(waited >= deadline, "gave up after {waited:?}");
-    assert!(waited < deadline + Duration::from_secs(2), "gave up after {waited:?}");
+    assert!(
+        waited < deadline + Duration::from_secs(2),
+        "gave up after {waited:?}"
+    );
 
     assert_eq!(scalar_text(&mut tx, "SHOW lock_timeout").await, "7s");
-    assert_eq!(backend_pid(&mut tx).await, pid, "still the same transaction");
+    assert_eq!(
+        backend_pid(&mut tx).await,
+        pid,
+        "still the same transaction"
+    );
     assert_eq!(holders(&observer, &key).await.len(), 1, "only the holder");
     tx.commit().await.expect("the transaction commits");
     holder.commit().await.expect("commit");
@@ -231,8 +241,15 @@ async fn a_try_does_not_wait() {
 
     let mut tx = pool.begin().await.expect("begin");
     let started = Instant::now();
-    assert!(!lock.try_acquire(&mut tx).await.expect("try"), "held elsewhere");
-    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    assert!(
+        !lock.try_acquire(&mut tx).await.expect("try"),
+        "held elsewhere"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
     assert_eq!(waiters(&observer, &key).await, 0, "a try never queues");
     holder.commit().await.expect("commit");
     assert!(lock.try_acquire(&mut tx).await.expect("try"), "free now");
@@ -254,11 +271,18 @@ async fn shared_holders_share_and_exclude_an_exclusive_one() {
     let exclusive = TransactionLock::exclusive(key.clone());
     let mut first = pool.begin().await.expect("begin");
     let mut second = pool.begin().await.expect("begin");
-    shared.acquire(&mut first, Some(SIGNAL)).await.expect("shared");
+    shared
+        .acquire(&mut first, Some(SIGNAL))
+        .await
+        .expect("shared");
     assert!(shared.try_acquire(&mut second).await.expect("try shared"));
     let granted = holders(&observer, &key).await;
     assert_eq!(granted.len(), 2, "{granted:?}");
-    assert!(granted.iter().all(|(_, mode, granted)| mode == "ShareLock" && *granted));
+    assert!(
+        granted
+            .iter()
+            .all(|(_, mode, granted)| mode == "ShareLock" && *granted)
+    );
 
     let mut third = pool.begin().await.expect("begin");
     assert!(!exclusive.try_acquire(&mut third).await.expect("try"));

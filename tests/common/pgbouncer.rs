@@ -63,5 +63,9 @@ pub async fn holders(observer: &PgPool, key: &LockKey) -> Vec<Holder> {
 
 /// How many server processes wait for `key`.
 pub async fn waiters(observer: &PgPool, key: &LockKey) -> usize {
-    holders(observer, key).await.iter().filter(|(_, _, granted)| !granted).count()
+    holders(observer, key)
+        .await
+        .iter()
+        .filter(|(_, _, granted)| !granted)
+        .count()
 }
