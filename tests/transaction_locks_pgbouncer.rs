@@ -204,9 +204,10 @@ async fn a_deadline_ends_the_wait_and_leaves_the_transaction_usable() {
     let pid = backend_pid(&mut tx).await;
     let deadline = Duration::from_millis(300);
     let started = Instant::now();
-    let err = TransactionLock::exclusive(key.clone())
-        .acquire(&mut tx, Some(deadline))
+    let lock = TransactionLock::exclusive(key.clone());
+    let err = timeout(SIGNAL, lock.acquire(&mut tx, Some(deadline)))
         .await
+        .expect("the server ends the wait")
         .expect_err("the key is held");
     let waited = started.elapsed();
     assert!(err.is_timeout(), "{err:?}");
