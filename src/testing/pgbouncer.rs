@@ -220,8 +220,11 @@ impl TempPgBouncer {
     /// Starts a process that waits for our end of a pipe to close (which happens when this
     /// process exits, even on a crash) and then kills PgBouncer and deletes its directory.
     fn spawn_watchdog(&self, pid: u32) -> io::Result<()> {
+        use std::os::unix::process::CommandExt;
         let script = r#"cat >/dev/null; kill -9 "$0" 2>/dev/null; rm -rf "$1""#;
         let child = Command::new("sh")
+            // A group of its own, so a Ctrl-C to the tests' group does not stop the clean-up.
+            .process_group(0)
             .arg("-c")
             .arg(script)
             .arg(pid.to_string())
