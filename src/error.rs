@@ -25,6 +25,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// | [`TooManyConnections`](Error::TooManyConnections) | the server refused a new connection: too many clients | lower the pools' sizes, or raise the server's `max_connections` |
 /// | [`TransactionPooling`](Error::TransactionPooling) | the pool goes through a transaction-pooling proxy | connect the lock pool directly or in session mode, or use transaction-scoped locks |
 /// | [`Standby`](Error::Standby) | the pool points at a standby | point the lock pool at the primary |
+/// | [`NotInTransaction`](Error::NotInTransaction) | a [`TransactionLock`](crate::TransactionLock) on a connection in autocommit | begin a transaction and lock on it |
 /// | [`Connection`](Error::Connection) | no session could be opened or it broke | the database is unreachable; retry with backoff |
 /// | [`Reentrant`](Error::Reentrant) | the calling task already holds the key | release it first; only other tasks queue for a held key |
 /// | [`NotHeld`](Error::NotHeld) | `release` of a key this manager does not hold | a bookkeeping bug in the caller, or the lock was already released |
@@ -143,6 +144,18 @@ pub enum Error {
          pooling mode, or use transaction-scoped locks."
     )]
     TransactionPooling {
+        /// The key that was requested.
+        key: String,
+    },
+
+    /// A [`TransactionLock`](crate::TransactionLock) was asked of a connection that is not in a
+    /// transaction block. In autocommit, a transaction-scoped lock would be released as soon
+    /// as it was granted, so nothing was locked.
+    #[error(
+        "Failed to acquire lock '{key}': the connection is not in a transaction, where a \
+         transaction lock would be released at once. Begin a transaction and lock on it."
+    )]
+    NotInTransaction {
         /// The key that was requested.
         key: String,
     },
@@ -321,6 +334,7 @@ impl Error {
             | Error::TooManyConnections { key, .. }
             | Error::Standby { key }
             | Error::TransactionPooling { key }
+            | Error::NotInTransaction { key }
             | Error::Connection { key, .. }
             | Error::ReleaseFailed { key, .. }
             | Error::LockLost { key, .. }

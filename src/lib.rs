@@ -10,6 +10,7 @@
 //! | --- | --- |
 //! | [`LockManager`] | The port: the contract every lock manager fulfils, usable generically or as `Arc<dyn LockManager>`. |
 //! | [`PostgresLockManager`] | Session advisory locks on a few long-lived connections of your [`sqlx::PgPool`], each carrying any number of locks. |
+//! | [`TransactionLock`] | An advisory lock inside your own sqlx transaction, released when it commits or rolls back; the one that works through PgBouncer in transaction pooling mode. |
 //! | [`InMemoryLockManager`] | The same contract inside one process, for your unit tests. |
 //! | [`LockManagerExt`] | Conveniences for every manager: [`with_lock`](LockManagerExt::with_lock). |
 //! | [`LockGuard`] | Proof that a lock is held; release it with [`LockGuard::release`], or drop it; [`LockGuard::lost`] says when it is gone. |
@@ -105,6 +106,7 @@ pub mod telemetry;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
+mod xact;
 
 pub use crate::error::{AcquireFailure, Error, ReleaseFailure, Result};
 pub use crate::ext::LockManagerExt;
@@ -121,6 +123,7 @@ pub use crate::manager::LockManager;
 pub use crate::memory::{InMemoryLockManager, InMemoryLockManagerBuilder, InMemoryLockServer};
 pub use crate::postgres::{FencingTable, PostgresLockManager, PostgresLockManagerBuilder};
 pub use crate::schedule::ScheduledJob;
+pub use crate::xact::TransactionLock;
 
 // The Rust snippets of the README and the guide are compiled as doc tests.
 #[cfg(doctest)]

@@ -40,6 +40,7 @@ pub(crate) enum Failure {
     PoolClosed,
     TooManyConnections(String),
     Standby,
+    TransactionPooling,
     Connection(String),
 }
 
@@ -48,6 +49,11 @@ impl Failure {
     pub(crate) fn from_sqlx(err: &sqlx::Error) -> Self {
         match err {
             sqlx::Error::PoolClosed => Failure::PoolClosed,
+            // Prepared statements missing, or another client's present: the connection's
+            // statements run on a transaction pooler's server sessions.
+            err if has_sqlstate(err, "26000") || has_sqlstate(err, "42P05") => {
+                Failure::TransactionPooling
+            }
             err if has_sqlstate(err, TOO_MANY_CONNECTIONS) => {
                 Failure::TooManyConnections(err.to_string())
             }
@@ -104,6 +110,7 @@ impl Failure {
             Failure::PoolClosed => Error::PoolClosed { key },
             Failure::TooManyConnections(reason) => Error::TooManyConnections { key, reason },
             Failure::Standby => Error::Standby { key },
+            Failure::TransactionPooling => Error::TransactionPooling { key },
             Failure::Connection(reason) => Error::Connection {
                 key,
                 reason,

@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use tokio::time::{Instant, Sleep, timeout_at};
 
-use super::errors::breaks_connection;
+use super::errors::{breaks_connection, has_sqlstate};
 use super::statements::Statements;
 use super::wait_session::PgSession;
 use crate::{LockMode, LockTarget};
@@ -478,6 +478,12 @@ impl Task {
             Some(Ok(value)) => {
                 self.conn.mark_clean();
                 Ok(value)
+            }
+            // The session's own prepared statements are missing (26000), or another client's
+            // are on it (42P05): the statements run on server sessions of a transaction pooler.
+            Some(Err(err)) if has_sqlstate(&err, "26000") || has_sqlstate(&err, "42P05") => {
+                self.shared.unavailable.store(true, Ordering::SeqCst);
+                Err(SessionError::Pooled)
             }
             Some(Err(err)) if !breaks_connection(&err) => {
                 self.conn.mark_clean();

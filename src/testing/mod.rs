@@ -13,10 +13,13 @@
 //! * [`database_url`]: a real PostgreSQL for tests, from `DATABASE_URL` or from a throwaway
 //!   server started from the installed binaries and shared by every test binary of the run;
 //!   [`TempPostgres`]: a server of a test's own, to stop, restart or reconfigure.
+//! * [`TempPgBouncer`]: a PgBouncer of the tests' own in front of a server, in the
+//!   [`PoolMode`] under test, to test code that runs behind one.
 //! * [`Stage`], [`pause_at`]: stop an operation of this crate's managers at a chosen await
 //!   point, to test what happens when it is cancelled there.
 
 pub mod conformance;
+mod pgbouncer;
 mod server;
 
 use std::sync::Arc;
@@ -25,6 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::{Notify, Semaphore};
 
 pub use crate::core::{Hook as StageHook, Stage};
+pub use pgbouncer::{HOW_TO_GET_PGBOUNCER, PoolMode, TempPgBouncer};
 pub use server::{TempPostgres, database_url, run_server_url_for, shared_server};
 
 /// A hook that parks the first operation reaching `stage` until [`Pause::resume`] (or forever),

@@ -5,6 +5,7 @@ pub mod cli;
 mod db;
 pub mod jobs;
 pub mod otel;
+pub mod pgbouncer;
 pub mod proxy;
 mod views;
 mod wait;

@@ -16,7 +16,7 @@ pub(super) fn server_user() -> Option<String> {
     running_as_root().then(|| env::var("PGLOCK_PG_USER").unwrap_or_else(|_| "postgres".to_owned()))
 }
 
-fn running_as_root() -> bool {
+pub(crate) fn running_as_root() -> bool {
     // The effective uid is the second field of the `Uid:` line.
     fs::read_to_string("/proc/self/status")
         .ok()

@@ -10,6 +10,7 @@ use std::env;
 use std::io;
 use std::sync::OnceLock;
 
+pub(crate) use host::running_as_root;
 pub use temp::TempPostgres;
 
 /// How to get a server when neither `DATABASE_URL` nor the server binaries are available.
