@@ -39,12 +39,14 @@ async fn transaction(pool: &PgPool) -> Transaction<'static, Postgres> {
     tx
 }
 
-/// Polls `call` once and drops it: its message is sent, its answer not read.
+/// Polls `call` once and drops it: its message is sent, its answer (usually) not read. On a
+/// busy machine the server can answer before the client reads, and the call completes in that
+/// one poll; the state it leaves is the same either way, which is what the tests check.
 async fn drop_after_one_poll<T>(call: impl Future<Output = T>) {
     let mut call = pin!(call);
     tokio::select! {
         biased;
-        _ = &mut call => panic!("a round trip cannot end within one poll"),
+        _ = &mut call => {}
         () = ready(()) => {}
     }
 }
