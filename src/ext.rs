@@ -163,11 +163,7 @@ pub trait LockManagerExt: LockManager {
         Fut: Future<Output = T> + Send,
         T: Send,
     {
-        let key = key.into();
-        async move {
-            let guard = self.acquire_key(&key, LockMode::Exclusive, timeout).await?;
-            run_guarded(guard, body).await
-        }
+        locked(self, key.into(), LockMode::Exclusive, timeout, body)
     }
 
     /// As [`with_lock`](Self::with_lock), holding `key` in shared mode: readers that must not
@@ -191,11 +187,7 @@ pub trait LockManagerExt: LockManager {
         Fut: Future<Output = T> + Send,
         T: Send,
     {
-        let key = key.into();
-        async move {
-            let guard = self.acquire_key(&key, LockMode::Shared, timeout).await?;
-            run_guarded(guard, body).await
-        }
+        locked(self, key.into(), LockMode::Shared, timeout, body)
     }
 
     /// Runs `body` under the exclusive lock on `key` if the lock is free right now, and returns
@@ -244,6 +236,24 @@ pub trait LockManagerExt: LockManager {
 }
 
 impl<M: LockManager + ?Sized> LockManagerExt for M {}
+
+/// Acquires `key` in `mode`, then runs `body` under the guard (see `run_guarded`).
+async fn locked<M, F, Fut, T>(
+    manager: &M,
+    key: LockKey,
+    mode: LockMode,
+    timeout: Option<Duration>,
+    body: F,
+) -> Result<T>
+where
+    M: LockManager + ?Sized,
+    F: FnOnce(LockInfo) -> Fut + Send,
+    Fut: Future<Output = T> + Send,
+    T: Send,
+{
+    let guard = manager.acquire_key(&key, mode, timeout).await?;
+    run_guarded(guard, body).await
+}
 
 /// Runs `body` under `guard`, cancelling it if the lock is lost, and releases the lock.
 async fn run_guarded<F, Fut, T>(guard: LockGuard, body: F) -> Result<T>

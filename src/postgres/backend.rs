@@ -11,7 +11,7 @@ use tokio::time::{Instant, timeout};
 use super::lock_session::{Lease, SessionError};
 use super::monitor::Monitor;
 use super::sessions::LockSessions;
-use super::statements::Statements;
+use super::statements::{Statements, target_args};
 use super::wait_session::{IdleSessions, PgSession};
 use crate::core::{Backend, Core, Request};
 use crate::{Error, LockKey, LockMode, LockTarget, ReleaseFailure, Result};
@@ -195,12 +195,9 @@ impl PgBackend {
         mode: LockMode,
         mut session: PgSession,
     ) -> Result<()> {
-        let query = sqlx::query_scalar::<_, Option<bool>>(Statements::unlock(mode, target));
-        let query = match target {
-            LockTarget::BigInt(id) => query.bind(id),
-            LockTarget::IntPair(a, b) => query.bind(a).bind(b),
-        }
-        .bind(session.pid);
+        let args = target_args(target, session.pid);
+        let query =
+            sqlx::query_scalar_with::<_, Option<bool>, _>(Statements::unlock(mode, target), args);
         let unlocked = query.fetch_one(session.conn());
         let (reason, source) = match timeout(self.release_timeout, unlocked).await {
             Ok(Ok(Some(true))) => {

@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, Sleep, timeout_at};
 
 use super::errors::{breaks_connection, has_sqlstate};
-use super::statements::Statements;
+use super::statements::{Statements, target_args};
 use super::wait_session::PgSession;
 use crate::{LockMode, LockTarget};
 
@@ -361,12 +361,11 @@ impl Task {
         reply: oneshot::Sender<TryAnswer>,
     ) -> Result<(), Broken> {
         let statement = self.context.statements.try_lock(mode, target);
-        let query = sqlx::query_as::<_, (Option<bool>, Option<i64>)>(AssertSqlSafe(statement));
-        let query = match target {
-            LockTarget::BigInt(id) => query.bind(id),
-            LockTarget::IntPair(a, b) => query.bind(a).bind(b),
-        }
-        .bind(self.conn.pid);
+        let args = target_args(target, self.conn.pid);
+        let query = sqlx::query_as_with::<_, (Option<bool>, Option<i64>), _>(
+            AssertSqlSafe(statement),
+            args,
+        );
         let answer = bounded(
             &mut self.watchdog,
             self.context.statement_timeout,
@@ -426,12 +425,9 @@ impl Task {
     }
 
     async fn unlock(&mut self, target: LockTarget, mode: LockMode) -> Result<bool, SessionError> {
-        let query = sqlx::query_scalar::<_, Option<bool>>(Statements::unlock(mode, target));
-        let query = match target {
-            LockTarget::BigInt(id) => query.bind(id),
-            LockTarget::IntPair(a, b) => query.bind(a).bind(b),
-        }
-        .bind(self.conn.pid);
+        let args = target_args(target, self.conn.pid);
+        let query =
+            sqlx::query_scalar_with::<_, Option<bool>, _>(Statements::unlock(mode, target), args);
         let answer = bounded(
             &mut self.watchdog,
             self.context.statement_timeout,

@@ -7,6 +7,8 @@
 use std::sync::Arc;
 
 use super::fencing::FencingTable;
+use sqlx::postgres::PgArguments;
+
 use crate::{LockMode, LockTarget};
 
 /// How often a waiting backend checks that its client is still there, in milliseconds.
@@ -180,6 +182,21 @@ impl Statements {
         }
         sql
     }
+}
+
+/// The parameters of a try or an unlock: the target (`$1`, or `$1, $2` for a pair), then the
+/// backend pid the statement must run on.
+pub(crate) fn target_args(target: LockTarget, pid: i32) -> PgArguments {
+    use sqlx::Arguments as _;
+    let mut args = PgArguments::default();
+    let bound = match target {
+        LockTarget::BigInt(id) => args.add(id),
+        LockTarget::IntPair(a, b) => args.add(a).and_then(|()| args.add(b)),
+    };
+    bound
+        .and_then(|()| args.add(pid))
+        .expect("integers always encode");
+    args
 }
 
 /// A target's arguments written out as integer literals.
