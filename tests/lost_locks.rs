@@ -14,6 +14,8 @@ use sqlx::PgPool;
 use tokio::time::Instant;
 
 const PROBE: Duration = Duration::from_millis(100);
+/// How long a test waits for a signal before it fails instead of hanging.
+const BOUND: Duration = Duration::from_secs(10);
 
 async fn watched_manager(label: &str) -> PostgresLockManager {
     PostgresLockManager::builder(pool_named(4, &app_name(label)).await)
@@ -50,7 +52,7 @@ async fn a_terminated_holder_is_reported_within_an_interval_every_time() {
         let guard = locks.acquire(&key, None).await.expect("acquire");
         let killed_at = Instant::now();
         kill_holder(&observer, &key).await;
-        let cause = tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        let cause = tokio::time::timeout(BOUND, guard.lost())
             .await
             .expect("the loss is signalled");
         latencies.push(killed_at.elapsed());
@@ -134,7 +136,11 @@ async fn a_lost_lock_on_a_session_of_its_own_leaves_the_lock_sessions_alone() {
     })
     .await;
     assert!(rival_guard.release().await.expect("release"));
-    let doomed_guard = waiting.await.expect("join").expect("acquire");
+    let doomed_guard = tokio::time::timeout(BOUND, waiting)
+        .await
+        .expect("granted once the rival let go")
+        .expect("join")
+        .expect("acquire");
     let healthy_guard = locks.acquire(&healthy, None).await.expect("acquire");
     let (own, shared) = (
         lock_rows(&observer, lock_id(&doomed)).await[0].pid,
@@ -143,7 +149,7 @@ async fn a_lost_lock_on_a_session_of_its_own_leaves_the_lock_sessions_alone() {
     assert_ne!(own, shared, "two sessions");
 
     kill_holder(&observer, &doomed).await;
-    tokio::time::timeout(Duration::from_secs(5), doomed_guard.lost())
+    tokio::time::timeout(BOUND, doomed_guard.lost())
         .await
         .expect("lost");
     // Wait for a probe that started after the loss was declared: the healthy lock passed it.
@@ -188,10 +194,13 @@ async fn with_lock_cancels_its_body_when_the_lock_is_lost() {
                 .await
         }
     });
-    let info = started_rx.await.expect("the body started");
+    let info = tokio::time::timeout(BOUND, started_rx)
+        .await
+        .expect("the body starts")
+        .expect("the body started");
     assert_eq!(info.key, key);
     kill_holder(&observer, &key).await;
-    let result = tokio::time::timeout(Duration::from_secs(5), run)
+    let result = tokio::time::timeout(BOUND, run)
         .await
         .expect("with_lock returns once the loss is seen")
         .expect("join");
@@ -280,9 +289,15 @@ async fn the_in_memory_manager_can_simulate_a_loss() {
                 .await
         }
     });
-    started_rx.await.expect("started");
+    tokio::time::timeout(BOUND, started_rx)
+        .await
+        .expect("the body starts")
+        .expect("started");
     assert!(locks.simulate_loss(&key).await);
-    let result = run.await.expect("join");
+    let result = tokio::time::timeout(BOUND, run)
+        .await
+        .expect("with_lock returns once the loss is simulated")
+        .expect("join");
     assert!(
         matches!(
             result,
@@ -300,21 +315,41 @@ async fn the_in_memory_manager_can_simulate_a_loss() {
     );
 }
 
+/// How long `detection_can_be_switched_off` watches for a monitor that should not exist: fifty
+/// of its probe intervals. A monitor left running connects and reports the loss within about
+/// one.
+const SWITCHED_OFF_WATCH: Duration = Duration::from_millis(500);
+
 #[tokio::test]
 async fn detection_can_be_switched_off() {
     let observer = observer().await;
     let app = app_name("no-detect");
+    // A probe interval this short would connect and report the loss within milliseconds, so
+    // the watch below would see it if switching detection off left any monitor running.
     let locks = PostgresLockManager::builder(pool_named(2, &app).await)
+        .probe_interval(Duration::from_millis(10))
+        .probe_grace(Duration::from_millis(10))
         .detect_lost_locks(false)
         .build();
     let key = key("no-detect");
     let guard = locks.acquire(&key, None).await.expect("acquire");
     let monitor = format!("{app}:pglock-monitor");
-    let sessions = common::sessions_of(&observer, &monitor).await;
-    assert!(sessions.is_empty(), "no monitor connection: {sessions:?}");
     kill_holder(&observer, &key).await;
-    // Nothing watches, so nothing notices: the loss surfaces only at release.
-    assert!(!guard.is_lost());
+    eventually("the terminated holder leaves the server", || async {
+        lock_rows(&observer, lock_id(&key)).await.is_empty()
+    })
+    .await;
+    // Nothing watches, so nothing notices: no monitor connects, the loss is never reported,
+    // the registry still lists the lock.
+    let watched_until = Instant::now() + SWITCHED_OFF_WATCH;
+    while Instant::now() < watched_until {
+        let sessions = common::sessions_of(&observer, &monitor).await;
+        assert!(sessions.is_empty(), "a monitor connected: {sessions:?}");
+        assert!(!guard.is_lost(), "the loss was reported");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(locks.is_held(&key).await);
+    // The loss surfaces only at release.
     let err = guard.release().await.expect_err("the session is gone");
     assert!(matches!(err, Error::ReleaseFailed { .. }), "{err:?}");
 }
@@ -340,4 +375,34 @@ async fn the_monitor_has_its_own_named_connection_only_while_locks_are_held() {
         common::sessions_of(&observer, &monitor).await.is_empty()
     })
     .await;
+}
+
+#[tokio::test]
+async fn the_monitor_connects_before_its_first_probe_is_due() {
+    // The first probe must cost one round trip, like the others, for a loss to be reported
+    // within an interval plus a round trip: so the monitor opens its connection as it starts,
+    // not when the first probe is due.
+    let observer = observer().await;
+    let app = app_name("monitor-early");
+    let interval = Duration::from_secs(5);
+    let locks = PostgresLockManager::builder(pool_named(2, &app).await)
+        .probe_interval(interval)
+        .build();
+    let monitor = format!("{app}:pglock-monitor");
+    let guard = locks
+        .acquire(&key("monitor-early"), None)
+        .await
+        .expect("acquire");
+    let acquired = Instant::now();
+    loop {
+        if common::sessions_of(&observer, &monitor).await.len() == 1 {
+            break;
+        }
+        assert!(
+            acquired.elapsed() < interval / 2,
+            "no monitor connection half an interval after the first lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(guard.release().await.expect("release"));
 }

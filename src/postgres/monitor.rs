@@ -76,12 +76,22 @@ impl Monitor {
 }
 
 async fn run<T: LockTable>(monitor: Weak<Monitor>, table: Weak<T>, probe: Probe) {
-    let mut conn: Option<PgConnection> = None;
+    // The first probe is due one interval from now. Connecting in the meantime makes it cost
+    // one round trip like every later one, instead of a connection set-up on top of the
+    // interval for the first lock taken while nothing else was held.
+    let mut due = Instant::now() + probe.interval;
+    let mut conn: Option<PgConnection> = match monitor.upgrade() {
+        Some(this) => timeout(probe.interval, PgConnection::connect_with(&this.options))
+            .await
+            .ok()
+            .and_then(Result::ok),
+        None => return,
+    };
     // The last moment at which every lock probed was confirmed held.
     let mut confirmed_at: Option<Instant> = None;
     while let Some(this) = monitor.upgrade() {
         tokio::select! {
-            () = tokio::time::sleep(probe.interval) => {}
+            () = tokio::time::sleep_until(due) => {}
             () = this.wake.notified() => {}
         }
         let Some(table) = table.upgrade() else { break };
@@ -91,6 +101,7 @@ async fn run<T: LockTable>(monitor: Weak<Monitor>, table: Weak<T>, probe: Probe)
             // either sees the flag still set, or finds it cleared and spawns a new monitor).
             this.running.store(false, Ordering::SeqCst);
             if table.held_lock_count() > 0 && !this.running.swap(true, Ordering::SeqCst) {
+                due = Instant::now() + probe.interval;
                 continue;
             }
             break;
@@ -115,6 +126,7 @@ async fn run<T: LockTable>(monitor: Weak<Monitor>, table: Weak<T>, probe: Probe)
                 declare_unverifiable(&*table, &watched, confirmed_at, probe).await;
             }
         }
+        due = Instant::now() + probe.interval;
     }
     if let Some(conn) = conn {
         let _ = timeout(Duration::from_secs(1), conn.close()).await;
