@@ -44,6 +44,11 @@ pub(crate) enum Failure {
     Connection(String),
 }
 
+/// How long a failed checkout may spend asking the server why, on top of the time its caller
+/// already waited: enough for a refusal from a server on the same network, short enough that a
+/// deadline stays a deadline when the server does not answer at all.
+const DIAGNOSIS: Duration = Duration::from_millis(100);
+
 impl Failure {
     /// Classifies a driver error met while connecting or checking out.
     pub(crate) fn from_sqlx(err: &sqlx::Error) -> Self {
@@ -77,7 +82,7 @@ impl Failure {
             };
         }
         let options = pool.connect_options();
-        let probe = tokio::time::timeout(Duration::from_secs(2), async {
+        let probe = tokio::time::timeout(DIAGNOSIS, async {
             use sqlx::ConnectOptions;
             options.connect().await
         });
@@ -91,7 +96,8 @@ impl Failure {
                 ))
             }
             Err(_) => Failure::Connection(format!(
-                "no connection could be opened within {waited:?}: the server does not answer"
+                "no connection could be opened within {waited:?}, and the server did not answer \
+                 a new one within {DIAGNOSIS:?}"
             )),
         }
     }
