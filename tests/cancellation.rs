@@ -18,19 +18,31 @@ use pglock::testing::{Stage, pause_at};
 use pglock::{InMemoryLockManager, InMemoryLockServer, LockManager, PostgresLockManager, lock_id};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
+use tokio::time::Instant;
 
 const EVENTUALLY: Duration = Duration::from_secs(10);
+/// How often a waiting backend checks that its client is still there (the manager sets
+/// `client_connection_check_interval` for each wait).
+const CLIENT_CHECK: Duration = Duration::from_millis(200);
+/// Room on top of a documented bound: closing the connection, the backend's exit, the
+/// observer's polling, and the scheduling of a machine whose two cores are busy.
+const SLACK: Duration = Duration::from_millis(100);
 
 /// Drives `operation` until the hook parks it, then drops it there.
 async fn cancel_when_parked<F: Future>(operation: F, pause: &pglock::testing::Pause, stage: Stage)
 where
     F::Output: std::fmt::Debug,
 {
-    tokio::select! {
-        biased;
-        () = pause.reached() => {}
-        output = operation => panic!("finished ({output:?}) without reaching {stage:?}"),
-    }
+    let parked = async {
+        tokio::select! {
+            biased;
+            () = pause.reached() => {}
+            output = operation => panic!("finished ({output:?}) without reaching {stage:?}"),
+        }
+    };
+    tokio::time::timeout(EVENTUALLY, parked)
+        .await
+        .unwrap_or_else(|_| panic!("never reached {stage:?}"));
 }
 
 struct Pg {
@@ -162,7 +174,10 @@ async fn postgres_acquire_cancelled_while_waiting_on_the_server() {
                 () = queued => {}
             }
         } // The waiting acquisition is dropped with its statement in flight.
-        // The abandoned server-side wait goes away on its own, well before the holder lets go.
+        let dropped_at = Instant::now();
+        // The abandoned server-side wait goes away on its own, well before the holder lets go:
+        // the server checks every 200 ms (`client_connection_check_interval`) whether the
+        // waiting session's client is still there.
         eventually("the abandoned wait leaves the server's queue", || async {
             lock_rows(&pg.observer, lock_id(&key))
                 .await
@@ -170,6 +185,13 @@ async fn postgres_acquire_cancelled_while_waiting_on_the_server() {
                 .all(|row| row.granted)
         })
         .await;
+        let gone = dropped_at.elapsed();
+        println!("the abandoned wait left the server's queue {gone:?} after the drop");
+        assert!(
+            gone <= CLIENT_CHECK + SLACK,
+            "the abandoned wait lingered {gone:?}, more than the server's check interval \
+             ({CLIENT_CHECK:?}) + {SLACK:?}"
+        );
         assert!(guard.release().await.expect("release"));
         pg.assert_nothing_left(&locks, &[&key]).await;
     }
@@ -239,7 +261,12 @@ async fn postgres_cancellation_sweep() {
         let key = &keys[(round % 3) as usize];
         // Let the rival hold the key in some rounds, so some acquisitions wait on the server.
         let rival_guard = if round % 4 == 0 {
-            Some(rival.acquire(key, None).await.expect("rival"))
+            Some(
+                rival
+                    .acquire(key, Some(EVENTUALLY))
+                    .await
+                    .expect("the key is free for the rival"),
+            )
         } else {
             None
         };

@@ -102,28 +102,43 @@ async fn a_wait_behind_the_managers_own_holder_ends_at_the_deadline() {
 
 #[tokio::test]
 async fn one_deadline_covers_the_local_queue_and_the_server_wait() {
-    // The key is held by another process; a first task of this manager waits on the server,
-    // so a second task must first queue behind it locally. Its one deadline covers both.
+    // The key is held by another process; a first task of this manager waits on the server
+    // for 300 ms, so a second task must first queue behind it locally, then wait on the
+    // server itself for what is left of its 500 ms. Its one deadline covers both.
+    let observer = common::observer().await;
     let holder = manager("holder", 2).await;
     let locks = manager("two-stage", 2).await;
     let key = key("two-stage-deadline");
     let held = holder.acquire(&key, None).await.expect("acquire");
     let first = tokio::spawn({
         let (locks, key) = (locks.clone(), key.clone());
-        async move { locks.acquire(&key, Some(Duration::from_millis(400))).await }
+        async move { locks.acquire(&key, Some(Duration::from_millis(300))).await }
     });
-    tokio::task::yield_now().await;
+    common::eventually("the first task waits on the server", || async {
+        common::lock_rows(&observer, pglock::lock_id(&key))
+            .await
+            .iter()
+            .any(|row| !row.granted)
+    })
+    .await;
+    let timeout = Duration::from_millis(500);
     let started = Instant::now();
     let err = locks
-        .acquire(&key, Some(Duration::from_millis(200)))
+        .acquire(&key, Some(timeout))
         .await
-        .expect_err("queued behind the first task, which waits on the server");
+        .expect_err("queued behind the first task, then on the server");
     let elapsed = started.elapsed();
+    println!("local queue then server wait: {elapsed:?} for a {timeout:?} deadline");
     assert!(err.is_timeout(), "{err:?}");
-    assert!(elapsed >= Duration::from_millis(200), "{elapsed:?}");
-    assert!(elapsed < Duration::from_secs(1), "{elapsed:?}");
-    let first = first
+    assert!(elapsed >= timeout, "{elapsed:?}");
+    // Given a fresh 500 ms on the server after its turn came, it would take about 800 ms.
+    assert!(
+        elapsed < timeout + Duration::from_millis(150),
+        "the server wait did not get the remaining time only: {elapsed:?}"
+    );
+    let first = tokio::time::timeout(Duration::from_secs(10), first)
         .await
+        .expect("the first task's deadline passed long ago")
         .expect("join")
         .expect_err("held for its whole deadline");
     assert!(first.is_timeout(), "{first:?}");
