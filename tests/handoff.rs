@@ -8,11 +8,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use common::stages::StageCounts;
 use common::{app_name, key, lock_rows, observer, pool_named};
+use pglock::testing::Stage;
 use pglock::{LockManager, PostgresLockManager, lock_id};
 use sqlx::PgPool;
-use tokio::sync::Barrier;
 use tokio::time::Instant;
+
+/// How long a test waits for a signal before it fails instead of hanging.
+const BOUND: Duration = Duration::from_secs(30);
 
 /// The backend holding `key`'s lock and when it last started a statement.
 async fn holder_statement(observer: &PgPool, key: &str) -> (i32, chrono::DateTime<chrono::Utc>) {
@@ -26,79 +30,93 @@ async fn holder_statement(observer: &PgPool, key: &str) -> (i32, chrono::DateTim
 }
 
 /// Three tasks of one manager take the lock in turn, queued behind each other; each records
-/// which session held it on the server and when that session last sent a statement.
+/// which session held it on the server and when that session last sent a statement. `stages`
+/// counts the manager's operations at each await point.
 async fn relay(
     locks: &PostgresLockManager,
+    stages: &StageCounts,
     observer: &PgPool,
     key: &str,
 ) -> Vec<(i32, chrono::DateTime<chrono::Utc>)> {
     let first = locks.acquire(key, None).await.expect("acquire");
-    let barrier = Arc::new(Barrier::new(3));
     let mut tasks = Vec::new();
     for _ in 0..2 {
-        let (locks, observer, key, barrier) = (
-            locks.clone(),
-            observer.clone(),
-            key.to_owned(),
-            barrier.clone(),
-        );
+        let (locks, observer, key) = (locks.clone(), observer.clone(), key.to_owned());
         tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            let guard = locks.acquire(&key, None).await.expect("acquire");
+            let guard = locks.acquire(&key, Some(BOUND)).await.expect("acquire");
             let seen = holder_statement(&observer, &key).await;
             assert!(guard.release().await.expect("release"));
             seen
         }));
     }
-    barrier.wait().await;
-    // Both tasks are queued behind the first holder before it lets go.
-    for _ in 0..20 {
-        tokio::task::yield_now().await;
-    }
+    // Both tasks are queued behind the first holder before it lets go: on this one thread, a
+    // task seen at the turn queue's door has walked in before this test runs again.
+    stages.wait_for(Stage::Turn, key, 3).await;
+    assert_eq!(
+        stages.count(Stage::Server, key),
+        1,
+        "only the first went to the server"
+    );
     let mut seen = vec![holder_statement(observer, key).await];
     assert!(first.release().await.expect("release"));
     for task in tasks {
-        seen.push(task.await.expect("join"));
+        seen.push(
+            tokio::time::timeout(BOUND, task)
+                .await
+                .expect("each task is served within its deadline")
+                .expect("join"),
+        );
     }
     seen
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// On one thread, so that waiting for the tasks to reach the turn queue is exact (see `relay`).
+#[tokio::test(flavor = "current_thread")]
 async fn queued_local_tasks_inherit_the_session_without_a_round_trip() {
     let observer = observer().await;
+    let stages = StageCounts::default();
     // A generous time bound: the first holder waits for the others to queue before it lets go.
     let locks = PostgresLockManager::builder(pool_named(4, &app_name("handoff")).await)
+        .stage_hook(stages.hook())
         .handoff_limits(16, Duration::from_secs(10))
         .build();
     let key = key("handoff");
-    let seen = relay(&locks, &observer, &key).await;
+    let seen = relay(&locks, &stages, &observer, &key).await;
     // The same session held the lock for all three, and sent no statement in between: no
-    // unlock, no new lock.
+    // unlock, no new lock. The two later holders never went to the server.
     assert!(seen.iter().all(|s| *s == seen[0]), "{seen:?}");
+    assert_eq!(stages.count(Stage::Server, &key), 1);
+    assert_eq!(stages.count(Stage::Register, &key), 3);
     assert_eq!(locks.held_lock_count(), 0);
     assert!(lock_rows(&observer, lock_id(&key)).await.is_empty());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn without_handoff_every_task_goes_to_the_server() {
     let observer = observer().await;
+    let stages = StageCounts::default();
     let locks = PostgresLockManager::builder(pool_named(4, &app_name("no-handoff")).await)
+        .stage_hook(stages.hook())
         .handoff_limits(0, Duration::ZERO)
         .build();
     let key = key("no-handoff");
-    let seen = relay(&locks, &observer, &key).await;
+    let seen = relay(&locks, &stages, &observer, &key).await;
     // Each holder took the lock with a statement of its own.
     assert_ne!(seen[0], seen[1], "{seen:?}");
     assert_ne!(seen[1], seen[2], "{seen:?}");
+    assert_eq!(stages.count(Stage::Server, &key), 3);
 }
 
 /// Four tasks of manager A hammer one key; process B asks for it once. Returns how long B
-/// waited.
-async fn starvation(limits: (u32, Duration)) -> Duration {
+/// waited. `limits: None` keeps the builder's defaults.
+async fn starvation(limits: Option<(u32, Duration)>) -> Duration {
     let key = key("starvation");
-    let a = PostgresLockManager::builder(pool_named(4, &app_name("hammer")).await)
-        .handoff_limits(limits.0, limits.1)
-        .build();
+    let builder = PostgresLockManager::builder(pool_named(4, &app_name("hammer")).await);
+    let a = match limits {
+        Some((max_handoffs, max_hold)) => builder.handoff_limits(max_handoffs, max_hold),
+        None => builder,
+    }
+    .build();
     let b_options = common::options(&app_name("starved"));
     let b = std::thread::spawn(move || {
         tokio::runtime::Builder::new_current_thread()
@@ -154,7 +172,10 @@ async fn starvation(limits: (u32, Duration)) -> Duration {
 
     stop.store(true, Ordering::Relaxed);
     for hammer in hammers {
-        hammer.await.expect("join");
+        tokio::time::timeout(BOUND, hammer)
+            .await
+            .expect("a hammering task stops once told to")
+            .expect("join");
     }
     waited
 }
@@ -166,7 +187,7 @@ async fn the_bounds_limit_how_long_another_process_waits() {
     let max_hold = Duration::from_millis(50);
     let mut waits = Vec::new();
     for _ in 0..5 {
-        waits.push(starvation((u32::MAX, max_hold)).await);
+        waits.push(starvation(Some((u32::MAX, max_hold))).await);
     }
     waits.sort();
     println!("time bound {max_hold:?}: another process waited {waits:?}");
@@ -182,10 +203,23 @@ async fn the_bounds_limit_how_long_another_process_waits() {
     // Four handoffs of 1 ms critical sections: a relay lasts a few milliseconds.
     let mut waits = Vec::new();
     for _ in 0..5 {
-        waits.push(starvation((4, Duration::from_secs(3600))).await);
+        waits.push(starvation(Some((4, Duration::from_secs(3600)))).await);
     }
     waits.sort();
     println!("count bound 4: another process waited {waits:?}");
     let worst = waits[waits.len() - 1];
     assert!(worst < Duration::from_millis(150), "waited {waits:?}");
+
+    // The defaults the guide documents: 16 handoffs or 10 ms, whichever comes first.
+    let mut waits = Vec::new();
+    for _ in 0..5 {
+        waits.push(starvation(None).await);
+    }
+    waits.sort();
+    println!("default bounds: another process waited {waits:?}");
+    let worst = waits[waits.len() - 1];
+    assert!(
+        worst < 2 * Duration::from_millis(10) + Duration::from_millis(150),
+        "waited {waits:?}"
+    );
 }

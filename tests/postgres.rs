@@ -7,10 +7,12 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::stages::StageCounts;
 use common::{
     advisory_locks_of, app_name, assert_pool_clean, eventually, key, lock_rows, observer,
     pool_named, sessions_of,
 };
+use pglock::testing::Stage;
 use pglock::{Error, LockManager, PostgresLockManager, lock_id, split_lock_id};
 use sqlx::postgres::PgPoolOptions;
 use tokio::sync::mpsc;
@@ -117,18 +119,32 @@ async fn a_blocking_acquire_waits_on_the_server_without_polling() {
             .unwrap_or("")
             .contains("pg_advisory_lock")
     );
-    // One statement waits the whole time: no retry loop re-issues it.
+    // One statement waits the whole time: no retry loop re-issues it. Watch it until the
+    // server says it has been running for half a second, several times any polling interval
+    // a client would use (the Python original polls every 100 ms).
+    let started = first.query_start.expect("the wait's statement has a start");
+    let watched_for = chrono::TimeDelta::milliseconds(500);
     let mut samples = 0;
-    for _ in 0..5 {
-        tokio::task::yield_now().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
         let again = waiting_session(sessions_of(&observer, &waiter_app).await);
         assert_eq!(
             (again.pid, again.query_start),
-            (first.pid, first.query_start)
+            (first.pid, first.query_start),
+            "the wait was re-issued"
         );
         samples += 1;
+        let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+            .fetch_one(&observer)
+            .await
+            .expect("the server's clock");
+        if now - started >= watched_for {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the server's clock stood still");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(samples, 5);
+    assert!(samples > 1, "watched more than once");
 
     assert!(guard.release().await.expect("release"));
     let granted = waiting
@@ -168,9 +184,14 @@ async fn waiters_are_served_in_arrival_order() {
     drop(tx);
     assert!(guard.release().await.expect("release"));
     let mut order = Vec::new();
-    while let Some(name) = rx.recv().await {
-        order.push(name);
-    }
+    let served = async {
+        while let Some(name) = rx.recv().await {
+            order.push(name);
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), served)
+        .await
+        .expect("every waiter is served once the holder lets go");
     assert_eq!(order, ["first", "second", "third"]);
     for task in tasks {
         task.await.expect("join");
@@ -231,7 +252,45 @@ async fn a_timed_out_wait_leaves_its_connection_clean_and_pooled() {
     assert_eq!(name, app, "the manager's tag was taken off");
     drop(conn);
     assert!(advisory_locks_of(&observer, &app).await.is_empty());
+
+    // A wait that is granted (its message's implicit transaction commits, unlike a timed-out
+    // one) and then released: its connection goes back with every setting at its default too.
+    let waiting = tokio::spawn({
+        let (waiter, key) = (waiter.clone(), key.clone());
+        async move { waiter.acquire(&key, Some(Duration::from_secs(10))).await }
+    });
+    eventually("the waiter queues on the server", || async {
+        lock_rows(&observer, lock_id(&key))
+            .await
+            .iter()
+            .any(|row| !row.granted)
+    })
+    .await;
     assert!(guard.release().await.expect("release"));
+    let granted = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("granted within its deadline")
+        .expect("join")
+        .expect("granted once released");
+    assert!(granted.release().await.expect("release"));
+    let mut conn = tokio::time::timeout(Duration::from_secs(5), pool.acquire())
+        .await
+        .expect("the wait's connection was returned")
+        .expect("checkout");
+    let (lock_timeout, check_interval, name): (String, String, String) = sqlx::query_as(
+        "SELECT current_setting('lock_timeout'), \
+             current_setting('client_connection_check_interval'), \
+             current_setting('application_name')",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .expect("query");
+    assert_eq!(
+        lock_timeout, "0",
+        "the granted wait's lock_timeout outlived it"
+    );
+    assert_eq!(check_interval, "0");
+    assert_eq!(name, app, "the manager's tag was taken off");
 }
 
 #[tokio::test]
@@ -308,9 +367,10 @@ async fn without_a_lock_session_a_try_fails_typed_within_the_session_timeout() {
         .expect_err("no lock session can be had");
         assert!(matches!(err, Error::PoolExhausted { .. }), "{err:?}");
         let elapsed = started.elapsed();
+        println!("no lock session: {attempt:?} failed after {elapsed:?}");
         assert!(
-            elapsed < Duration::from_secs(5),
-            "bounded by the session timeout, not the pool's 60 s: {elapsed:?}"
+            elapsed < Duration::from_millis(300 + 150),
+            "bounded by the session timeout (300 ms), not the pool's 60 s: {elapsed:?}"
         );
     }
     drop(taken);
@@ -344,8 +404,12 @@ async fn an_unreachable_server_is_a_typed_error_within_the_deadline() {
         .await
         .expect_err("nothing to connect to");
     let elapsed = started.elapsed();
+    println!("unreachable server: failed after {elapsed:?}");
     assert!(matches!(err, Error::Connection { .. }), "{err:?}");
-    assert!(elapsed < Duration::from_secs(2), "took {elapsed:?}");
+    assert!(
+        elapsed < Duration::from_millis(300 + 150),
+        "beyond its 300 ms deadline: {elapsed:?}"
+    );
 
     let err = locks
         .try_acquire(&key)
@@ -422,11 +486,16 @@ async fn a_holder_id_of_any_content_is_kept_verbatim() {
     assert!(guard.release().await.expect("release"));
 }
 
-#[tokio::test]
+// On one thread, so that a task seen at the turn queue's door has finished walking in (the
+// turn is taken, or waited for, in the same poll) before this test runs again.
+#[tokio::test(flavor = "current_thread")]
 async fn in_process_contenders_share_one_session() {
     let observer = observer().await;
     let app = app_name("contenders");
-    let locks = manager(&app, 8).await;
+    let stages = StageCounts::default();
+    let locks = common::manager_for(pool_named(8, &app).await, &app)
+        .stage_hook(stages.hook())
+        .build();
     let key = key("contenders");
     let guard = locks.acquire(&key, None).await.expect("acquire");
     let mut waiters = Vec::new();
@@ -437,9 +506,14 @@ async fn in_process_contenders_share_one_session() {
             guard.release().await
         }));
     }
-    for _ in 0..10 {
-        tokio::task::yield_now().await;
-    }
+    // The holder and the four waiters reached the turn queue; only the holder went on to the
+    // server.
+    stages.wait_for(Stage::Turn, &key, 5).await;
+    assert_eq!(
+        stages.count(Stage::Server, &key),
+        1,
+        "a waiter went to the server"
+    );
     // The four local waiters queue in-process: one session holds, none waits on the server.
     let rows = lock_rows(&observer, lock_id(&key)).await;
     assert_eq!(rows.len(), 1, "{rows:?}");
@@ -454,8 +528,9 @@ async fn in_process_contenders_share_one_session() {
     assert!(guard.release().await.expect("release"));
     for waiter in waiters {
         assert!(
-            waiter
+            tokio::time::timeout(Duration::from_secs(30), waiter)
                 .await
+                .expect("each waiter is served within its deadline")
                 .expect("join")
                 .expect("each waiter got its turn")
         );
@@ -504,7 +579,10 @@ async fn a_failed_unlock_is_reported_and_its_connection_is_not_pooled() {
 async fn dropping_the_manager_frees_its_locks() {
     let observer = observer().await;
     let app = app_name("dropped-manager");
-    let locks = manager(&app, 2).await;
+    // The application keeps its pool: a connection that went back to it holding the lock would
+    // keep the lock for as long as the pool lives.
+    let pool = pool_named(2, &app).await;
+    let locks = common::manager_for(pool.clone(), &app).build();
     let key = key("dropped-manager");
     assert!(locks.try_acquire(&key).await.expect("try").is_some());
     drop(locks);
@@ -517,12 +595,22 @@ async fn dropping_the_manager_frees_its_locks() {
     assert!(guard.release().await.expect("release"));
 }
 
+/// The holder process's role, passed on its command line (libtest takes it for a filter that
+/// matches no test): an argument, unlike an environment variable, cannot leak into the test
+/// run that spawns the holder and turn it into one.
+const HOLDER_ROLE: &str = "pglock-test-holder-key=";
+
+/// The key to hold, when this process is a holder process spawned by a test.
+fn holder_role() -> Option<String> {
+    std::env::args().find_map(|arg| arg.strip_prefix(HOLDER_ROLE).map(str::to_owned))
+}
+
 /// Runs this test binary again as a separate process holding `key`, and returns it once it
 /// reports that it holds the lock.
 fn spawn_holder_process(test_name: &str, key: &str) -> std::process::Child {
     let mut child = Command::new(std::env::current_exe().expect("test binary"))
         .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
-        .env("PGLOCK_TEST_HOLDER_KEY", key)
+        .arg(format!("{HOLDER_ROLE}{key}"))
         .env("DATABASE_URL", common::url())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -541,8 +629,10 @@ fn spawn_holder_process(test_name: &str, key: &str) -> std::process::Child {
 /// releasing.
 async fn act_as_holder_process(key: &str) -> ! {
     let locks = PostgresLockManager::new(common::pool(2).await);
+    // Bounded, so a holder that cannot get the lock exits (and its parent fails) instead of
+    // leaving the parent waiting for ever.
     let guard = locks
-        .acquire(key, None)
+        .acquire(key, Some(Duration::from_secs(10)))
         .await
         .expect("the holder process takes the lock");
     // The test harness may have printed "test name ... " on this line already.
@@ -559,7 +649,7 @@ async fn act_as_holder_process(key: &str) -> ! {
 
 #[tokio::test]
 async fn a_holder_process_that_exits_without_releasing_frees_the_lock() {
-    if let Ok(key) = std::env::var("PGLOCK_TEST_HOLDER_KEY") {
+    if let Some(key) = holder_role() {
         act_as_holder_process(&key).await;
     }
     let key = key("holder-process-exit");
@@ -583,7 +673,7 @@ async fn a_holder_process_that_exits_without_releasing_frees_the_lock() {
 
 #[tokio::test]
 async fn a_killed_holder_process_frees_the_lock() {
-    if let Ok(key) = std::env::var("PGLOCK_TEST_HOLDER_KEY") {
+    if let Some(key) = holder_role() {
         act_as_holder_process(&key).await;
     }
     let key = key("holder-process-kill");

@@ -7,6 +7,7 @@ pub mod jobs;
 pub mod otel;
 pub mod pgbouncer;
 pub mod proxy;
+pub mod stages;
 mod views;
 mod wait;
 
