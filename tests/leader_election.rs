@@ -31,6 +31,17 @@ use tokio::time::Instant;
 const RETRY: Duration = Duration::from_secs(1);
 const JITTER: f64 = 0.1;
 
+/// How long a test waits for a signal (leadership, a term's end, a change of state) before it
+/// fails instead of hanging; on a paused clock, in virtual time.
+const BOUND: Duration = Duration::from_secs(60);
+
+/// Awaits `signal`, failing the test if it has not come within `BOUND`.
+async fn within<T>(what: &str, signal: impl Future<Output = T>) -> T {
+    tokio::time::timeout(BOUND, signal)
+        .await
+        .unwrap_or_else(|_| panic!("waited {BOUND:?} for {what}"))
+}
+
 /// The longest a follower waits between two attempts.
 fn longest_wait() -> Duration {
     RETRY.mul_f64(1.0 + JITTER)
@@ -71,7 +82,7 @@ async fn first_leader(candidates: &[Candidate]) -> (usize, LockInfo) {
             })
         })
         .collect();
-    let first = rx.recv().await.expect("someone leads");
+    let first = within("a leader", rx.recv()).await.expect("someone leads");
     for wait in waits {
         wait.abort();
     }
@@ -161,7 +172,12 @@ async fn a_lost_leader_steps_down_at_once_and_its_work_is_cancelled() {
         );
         async move { election.run_as_leader(work).await }
     });
-    assert_eq!(started_rx.await.expect("the work started"), info);
+    assert_eq!(
+        within("the work starts", started_rx)
+            .await
+            .expect("the work started"),
+        info
+    );
     let mut state = candidates[leader].election.subscribe();
 
     // Lose the lock half-way between the follower's attempts: its next one (at most
@@ -170,7 +186,7 @@ async fn a_lost_leader_steps_down_at_once_and_its_work_is_cancelled() {
     tokio::time::sleep(RETRY / 2).await;
     let lost_at = Instant::now();
     assert!(candidates[leader].locks.simulate_loss("leader:loss").await);
-    match work.await.expect("join") {
+    match within("the work ends", work).await.expect("join") {
         Err(Error::LockLost { key, cause }) => {
             assert_eq!(key, "leader:loss");
             assert_eq!(cause, LossCause::Simulated);
@@ -179,8 +195,7 @@ async fn a_lost_leader_steps_down_at_once_and_its_work_is_cancelled() {
     }
     // The work was dropped after the loss (the registry had already forgotten the lock).
     assert_eq!(*dropped_holding.lock().unwrap(), Some(0));
-    state
-        .wait_for(|l| !l.is_leader())
+    within("the step down", state.wait_for(|l| !l.is_leader()))
         .await
         .expect("still campaigning");
     assert_eq!(
@@ -189,11 +204,12 @@ async fn a_lost_leader_steps_down_at_once_and_its_work_is_cancelled() {
         "the leader stepped down at once"
     );
 
-    let next = candidates[follower]
-        .election
-        .wait_for_leadership()
-        .await
-        .expect("the follower takes over");
+    let next = within(
+        "leadership",
+        candidates[follower].election.wait_for_leadership(),
+    )
+    .await
+    .expect("the follower takes over");
     let failover = lost_at.elapsed();
     assert!(
         failover <= longest_wait(),
@@ -227,34 +243,51 @@ async fn resign_cancels_the_work_then_releases_and_hands_over() {
         );
         async move { election.run_as_leader(work).await }
     });
-    started_rx.await.expect("the work started");
+    within("the work starts", started_rx)
+        .await
+        .expect("the work started");
     let mut state = candidates[leader].election.subscribe();
 
     let resigned_at = Instant::now();
-    assert!(candidates[leader].election.resign().await.expect("resign"));
+    assert!(
+        within("the resignation", candidates[leader].election.resign())
+            .await
+            .expect("resign")
+    );
     // Returned once the lock was released, and the work was dropped while it was still held.
     assert_eq!(candidates[leader].locks.held_lock_count(), 0);
     assert_eq!(*dropped_holding.lock().unwrap(), Some(1));
     assert!(matches!(
-        work.await.expect("join"),
+        within("the work ends", work).await.expect("join"),
         Err(Error::ElectionStopped { key }) if key == "leader:resign"
     ));
     assert_eq!(*state.borrow_and_update(), Leadership::Follower);
-    assert!(state.changed().await.is_err(), "the campaign has ended");
+    assert!(
+        within("a change of leadership", state.changed())
+            .await
+            .is_err(),
+        "the campaign has ended"
+    );
 
-    let next = candidates[follower]
-        .election
-        .wait_for_leadership()
-        .await
-        .expect("the follower takes over");
+    let next = within(
+        "leadership",
+        candidates[follower].election.wait_for_leadership(),
+    )
+    .await
+    .expect("the follower takes over");
     assert!(resigned_at.elapsed() <= longest_wait());
     assert_eq!(next.fencing_token, Some(2));
 
     // A resigned candidate stays out.
     let resigned = &candidates[leader].election;
-    assert!(!resigned.resign().await.expect("again"), "nothing left");
+    assert!(
+        !within("the resignation", resigned.resign())
+            .await
+            .expect("again"),
+        "nothing left"
+    );
     assert!(matches!(
-        resigned.wait_for_leadership().await,
+        within("leadership", resigned.wait_for_leadership()).await,
         Err(Error::ElectionStopped { .. })
     ));
     assert!(matches!(
@@ -276,7 +309,9 @@ async fn dropping_the_handle_stops_the_campaign_and_releases() {
     let leader = LeaderElection::builder(Arc::new(a.clone()), "drop")
         .retry_interval(RETRY)
         .start();
-    leader.wait_for_leadership().await.expect("alone, it leads");
+    within("leadership", leader.wait_for_leadership())
+        .await
+        .expect("alone, it leads");
     let b = candidate(&server, "b", "drop");
     let mut state = leader.subscribe();
     tokio::time::sleep(RETRY * 3).await;
@@ -285,10 +320,15 @@ async fn dropping_the_handle_stops_the_campaign_and_releases() {
     let dropped_at = Instant::now();
     drop(leader);
     // The campaign ends (its channel closes) having released the lock.
-    while state.changed().await.is_ok() {}
+    while within("a change of leadership", state.changed())
+        .await
+        .is_ok()
+    {}
     assert_eq!(*state.borrow(), Leadership::Follower);
     assert_eq!(a.held_lock_count(), 0);
-    let next = b.election.wait_for_leadership().await.expect("takes over");
+    let next = within("leadership", b.election.wait_for_leadership())
+        .await
+        .expect("takes over");
     assert!(dropped_at.elapsed() <= longest_wait());
     assert_eq!(next.holder_id.as_deref(), Some("b"));
 }
@@ -307,7 +347,9 @@ async fn a_lock_released_through_the_manager_ends_the_term() {
         let work = endless_work(candidates[leader].locks.clone(), started_tx, Arc::default());
         async move { election.run_as_leader(work).await }
     });
-    started_rx.await.expect("started");
+    within("the work starts", started_rx)
+        .await
+        .expect("started");
     let released_at = Instant::now();
     // Someone shuts the manager's locks down behind the election's back.
     assert_eq!(
@@ -315,7 +357,7 @@ async fn a_lock_released_through_the_manager_ends_the_term() {
         1
     );
     assert!(matches!(
-        work.await.expect("join"),
+        within("the work ends", work).await.expect("join"),
         Err(Error::NotHeld { key }) if key == "leader:released"
     ));
     // Noticed by the leader's checks: absent from the registry, with no loss declared, at two
@@ -412,11 +454,17 @@ async fn failed_attempts_are_retried_every_interval() {
         .retry_interval(RETRY)
         .jitter(0.0)
         .start();
-    let info = election.wait_for_leadership().await.expect("leads");
+    let info = within("leadership", election.wait_for_leadership())
+        .await
+        .expect("leads");
     assert_eq!(started.elapsed(), RETRY * 3, "three failures, three waits");
     assert_eq!(locks.acquires(), 4);
     assert_eq!(info.holder_id.as_deref(), locks.holder_id());
-    assert!(election.resign().await.expect("resign"));
+    assert!(
+        within("the resignation", election.resign())
+            .await
+            .expect("resign")
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -436,7 +484,9 @@ async fn jitter_spreads_attempts_within_its_bound() {
     let mut last = Instant::now();
     let mut waits = Vec::new();
     for n in 2..=40 {
-        attempts.wait_for(|&a| a >= n).await.expect("campaigning");
+        within("an attempt", attempts.wait_for(|&a| a >= n))
+            .await
+            .expect("campaigning");
         waits.push(last.elapsed());
         last = Instant::now();
     }
@@ -476,25 +526,37 @@ async fn terms_are_traced_with_identity_token_and_outcome() {
 
     let server = InMemoryLockServer::new();
     let a = candidate(&server, "traced-a", "traced");
-    let first_term = a.election.wait_for_leadership().await.expect("leads");
+    let first_term = within("leadership", a.election.wait_for_leadership())
+        .await
+        .expect("leads");
     let mut state = a.election.subscribe();
     assert!(a.locks.simulate_loss("leader:traced").await);
-    state
-        .wait_for(|l| !l.is_leader())
+    within("the step down", state.wait_for(|l| !l.is_leader()))
         .await
         .expect("steps down");
-    let second_term = a.election.wait_for_leadership().await.expect("leads again");
+    let second_term = within("leadership", a.election.wait_for_leadership())
+        .await
+        .expect("leads again");
     assert_eq!(
         (first_term.fencing_token, second_term.fencing_token),
         (Some(1), Some(2))
     );
-    assert!(a.election.resign().await.expect("resign"));
+    assert!(
+        within("the resignation", a.election.resign())
+            .await
+            .expect("resign")
+    );
     // A third term, ended by dropping the handle.
     let b = candidate(&server, "traced-b", "traced");
-    b.election.wait_for_leadership().await.expect("leads");
+    within("leadership", b.election.wait_for_leadership())
+        .await
+        .expect("leads");
     let mut state = b.election.subscribe();
     drop(b.election);
-    while state.changed().await.is_ok() {}
+    while within("a change of leadership", state.changed())
+        .await
+        .is_ok()
+    {}
     let before = exporter.get_finished_spans().expect("spans").len();
     // With tracing off, in the election and in its manager, nothing is emitted.
     let quiet = InMemoryLockManager::builder()
@@ -504,8 +566,14 @@ async fn terms_are_traced_with_identity_token_and_outcome() {
     let quiet = LeaderElection::builder(Arc::new(quiet), "traced")
         .tracing(false)
         .start();
-    quiet.wait_for_leadership().await.expect("leads");
-    assert!(quiet.resign().await.expect("resign"));
+    within("leadership", quiet.wait_for_leadership())
+        .await
+        .expect("leads");
+    assert!(
+        within("the resignation", quiet.resign())
+            .await
+            .expect("resign")
+    );
     assert_eq!(exporter.get_finished_spans().expect("spans").len(), before);
 
     let spans = exporter.get_finished_spans().expect("spans");
@@ -609,7 +677,9 @@ async fn a_leader_holds_exactly_one_lock_across_many_ticks_and_one_release_frees
             .start();
         if i == 0 {
             // The first candidate starts alone, so it is the leader.
-            election.wait_for_leadership().await.expect("leads");
+            within("leadership", election.wait_for_leadership())
+                .await
+                .expect("leads");
         }
         counted.push(locks);
         elections.push(election);
@@ -624,7 +694,9 @@ async fn a_leader_holds_exactly_one_lock_across_many_ticks_and_one_release_frees
     );
     for tick in 1..=TICKS {
         // One leader tick at a time: each is a check of the manager's registry, never a lock.
-        checks.wait_for(|&n| n >= tick).await.expect("campaigning");
+        within("an attempt", checks.wait_for(|&n| n >= tick))
+            .await
+            .expect("campaigning");
         let rows = lock_rows(&observer, lock_id(&key)).await;
         assert_eq!(rows.len(), 1, "tick {tick}: {rows:?}");
         assert!(rows[0].granted && rows[0].pid == pid && rows[0].mode == "ExclusiveLock");
@@ -653,7 +725,11 @@ async fn a_leader_holds_exactly_one_lock_across_many_ticks_and_one_release_frees
 
     // One release frees the lock: the leader's session survives (back in its pool), holding
     // nothing. A stacked lock would still be held by it.
-    assert!(elections[0].resign().await.expect("resign"));
+    assert!(
+        within("the resignation", elections[0].resign())
+            .await
+            .expect("resign")
+    );
     let rows = lock_rows(&observer, lock_id(&key)).await;
     assert!(rows.iter().all(|r| r.pid != pid), "{rows:?}");
     assert!(
@@ -670,13 +746,17 @@ async fn a_leader_holds_exactly_one_lock_across_many_ticks_and_one_release_frees
             }
         });
     }
-    let (next, next_info) = rx.recv().await.expect("a follower takes over");
+    let (next, next_info) = within("a leader", rx.recv())
+        .await
+        .expect("a follower takes over");
     let rows = lock_rows(&observer, lock_id(&key)).await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_ne!(rows[0].pid, pid);
     assert_eq!(next_info.holder_id.as_deref(), counted[next].holder_id());
     for election in &elections[1..] {
-        election.resign().await.expect("resign");
+        within("the resignation", election.resign())
+            .await
+            .expect("resign");
     }
     assert!(lock_rows(&observer, lock_id(&key)).await.is_empty());
 }
@@ -696,7 +776,9 @@ async fn cancelled_election_calls_leave_nothing_held() {
     let leader = LeaderElection::builder(Arc::new(leader_locks.clone()), &name)
         .retry_interval(Duration::from_millis(50))
         .start();
-    leader.wait_for_leadership().await.expect("leads");
+    within("leadership", leader.wait_for_leadership())
+        .await
+        .expect("leads");
     let follower_locks = pg_manager(pool_named(3, &follower_app).await, &follower_app);
     let follower = LeaderElection::builder(Arc::new(follower_locks.clone()), &name)
         .retry_interval(Duration::from_millis(50))
@@ -752,7 +834,9 @@ async fn cancelled_election_calls_leave_nothing_held() {
     );
     pause.resume();
     assert!(
-        leader.resign().await.expect("resign"),
+        within("the resignation", leader.resign())
+            .await
+            .expect("resign"),
         "the release happened"
     );
     assert!(
@@ -764,10 +848,15 @@ async fn cancelled_election_calls_leave_nothing_held() {
     common::assert_pool_clean(&observer, &leader_app).await;
 
     // The follower takes over; dropping its handle mid-term releases too.
-    follower.wait_for_leadership().await.expect("takes over");
+    within("leadership", follower.wait_for_leadership())
+        .await
+        .expect("takes over");
     let mut state = follower.subscribe();
     drop(follower);
-    while state.changed().await.is_ok() {}
+    while within("a change of leadership", state.changed())
+        .await
+        .is_ok()
+    {}
     assert_eq!(follower_locks.held_lock_count(), 0);
     common::assert_pool_clean(&observer, &follower_app).await;
     assert!(lock_rows(&observer, lock_id(&key)).await.is_empty());
@@ -787,7 +876,15 @@ const WRITE_PAUSE: Duration = Duration::from_millis(5);
 /// write has been seen rejected.
 const MIN_KILLS: usize = 6;
 const MAX_KILLS: usize = 20;
-const ROLE: &str = "PGLOCK_TEST_LEADER_CANDIDATES";
+/// A candidate process's role, passed on its command line (libtest takes it for a filter that
+/// matches no test): an argument, unlike an environment variable, cannot leak into the test
+/// run that spawns the candidates and turn it into one.
+const ROLE: &str = "pglock-test-leader-candidates=";
+
+/// The candidates' spec, when this process is a candidate process spawned by the test.
+fn candidates_role() -> Option<String> {
+    std::env::args().find_map(|arg| arg.strip_prefix(ROLE).map(str::to_owned))
+}
 
 /// A statement naming this run's tables (generated names, never input).
 macro_rules! sql {
@@ -932,7 +1029,9 @@ async fn act_as_candidates(spec: &str) -> ! {
         .await
         .expect("read stdin");
     for election in &elections {
-        election.resign().await.expect("resign");
+        within("the resignation", election.resign())
+            .await
+            .expect("resign");
     }
     let mut lost = 0;
     for candidate in loops {
@@ -980,7 +1079,7 @@ async fn next_line(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leadership_fails_over_across_processes_and_the_fence_holds() {
-    if let Ok(spec) = std::env::var(ROLE) {
+    if let Some(spec) = candidates_role() {
         act_as_candidates(&spec).await;
     }
     let db = observer().await;
@@ -1000,7 +1099,7 @@ async fn leadership_fails_over_across_processes_and_the_fence_holds() {
                 "--nocapture",
                 "--test-threads=1",
             ])
-            .env(ROLE, format!("{name}|{suffix}"))
+            .arg(format!("{ROLE}{name}|{suffix}"))
             .env("DATABASE_URL", common::url())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -1230,8 +1329,10 @@ async fn leadership_fails_over_across_processes_and_the_fence_holds() {
         failovers[failovers.len() / 2],
         FAILOVER_JITTER * 100.0
     );
-    let bound = expected_failover * 5;
-    assert!(max <= bound, "slowest failover {max:?} exceeds {bound:?}");
+    assert!(
+        max <= expected_failover,
+        "slowest failover {max:?} exceeds {expected_failover:?}"
+    );
     detections.sort();
     let slowest = *detections.last().expect("kills");
     println!(
@@ -1240,7 +1341,9 @@ async fn leadership_fails_over_across_processes_and_the_fence_holds() {
         detections[0],
         detections[detections.len() / 2]
     );
-    let bound = (PROBE + Duration::from_millis(50)) * 5;
+    // An interval and a round trip, with room for the report's way through a pipe from a
+    // process that shares two busy cores with four others.
+    let bound = PROBE + Duration::from_millis(100);
     assert!(
         slowest <= bound,
         "slowest detection {slowest:?} exceeds {bound:?}"
