@@ -14,6 +14,10 @@ use pglock::{
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
+/// A bound for acquisitions of keys that should be free: a regression fails instead of
+/// waiting for ever.
+const BOUND: Option<Duration> = Some(Duration::from_secs(10));
+
 /// A fencing table of this test run's own, so tokens start from scratch.
 fn table() -> FencingTable {
     FencingTable::new(&format!(
@@ -51,13 +55,13 @@ async fn tokens_increase_with_every_acquisition_of_a_key() {
     let base = epoch_base(&observer().await).await;
     let mut tokens = Vec::new();
     for round in 0..3 {
-        let guard = a.acquire(&key, None).await.expect("acquire");
+        let guard = a.acquire(&key, BOUND).await.expect("acquire");
         tokens.push(guard.fencing_token.expect("fencing is on"));
         assert!(guard.release().await.expect("release"));
         let info = b.try_acquire(&key).await.expect("try").expect("free");
         tokens.push(info.fencing_token.expect("fencing is on"));
         b.release(&key).await.expect("release");
-        let shared = a.acquire_shared(&key, None).await.expect("shared");
+        let shared = a.acquire_shared(&key, BOUND).await.expect("shared");
         tokens.push(shared.fencing_token.expect("fencing is on"));
         assert!(shared.release().await.expect("release"));
         // Another key's tokens are its own.
@@ -68,7 +72,7 @@ async fn tokens_increase_with_every_acquisition_of_a_key() {
     assert_eq!(tokens, (base + 1..=base + 9).collect::<Vec<i64>>());
     // A manager built later (an application restart) continues where they left off.
     let restarted = fenced(pool_named(2, &app_name("fence-restart")).await, &table);
-    let guard = restarted.acquire(&key, None).await.expect("acquire");
+    let guard = restarted.acquire(&key, BOUND).await.expect("acquire");
     assert_eq!(guard.fencing_token, Some(base + 10));
     assert!(guard.release().await.expect("release"));
 }
@@ -79,7 +83,7 @@ async fn a_wait_on_the_server_mints_too() {
     let holder = fenced(pool_named(2, &app_name("fence-holder")).await, &table);
     let waiter = fenced(pool_named(2, &app_name("fence-waiter")).await, &table);
     let key = key("fence-wait");
-    let held = holder.acquire(&key, None).await.expect("acquire");
+    let held = holder.acquire(&key, BOUND).await.expect("acquire");
     let waiting = tokio::spawn({
         let (waiter, key) = (waiter.clone(), key.clone());
         async move { waiter.acquire(&key, Some(Duration::from_secs(10))).await }
@@ -115,7 +119,7 @@ async fn tokens_keep_increasing_across_in_process_handoffs() {
         let (locks, key, tx) = (locks.clone(), key.clone(), tx.clone());
         tasks.push(tokio::spawn(async move {
             for _ in 0..25 {
-                let guard = locks.acquire(&key, None).await.expect("acquire");
+                let guard = locks.acquire(&key, BOUND).await.expect("acquire");
                 // Sent while held, so the channel's order is the order of the holds.
                 tx.send(guard.fencing_token.expect("fencing is on"))
                     .expect("send");
@@ -126,8 +130,12 @@ async fn tokens_keep_increasing_across_in_process_handoffs() {
     }
     drop(tx);
     for task in tasks {
-        task.await.expect("join");
+        tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .expect("every relay task finishes")
+            .expect("join");
     }
+    // Every sender is gone, so this ends at once.
     let mut tokens = Vec::new();
     while let Some(token) = rx.recv().await {
         tokens.push(token);
@@ -153,7 +161,7 @@ async fn tokens_survive_a_server_restart() {
     let locks = fenced(pool, &FencingTable::default());
     let key = key("fence-restart");
     for expected in 1..=3 {
-        let guard = locks.acquire(&key, None).await.expect("acquire");
+        let guard = locks.acquire(&key, BOUND).await.expect("acquire");
         assert_eq!(guard.fencing_token, Some(base + expected));
         assert!(guard.release().await.expect("release"));
     }
@@ -209,7 +217,7 @@ async fn a_holder_that_lost_its_lock_cannot_overwrite_its_successor() {
     let a = fenced(pool_named(2, &app_name("fence-a")).await, &table);
     let b = fenced(pool_named(2, &app_name("fence-b")).await, &table);
     let key = key("fence-resource");
-    let a_guard = a.acquire(&key, None).await.expect("A acquires");
+    let a_guard = a.acquire(&key, BOUND).await.expect("A acquires");
     let a_token = a_guard.fencing_token.expect("token");
     assert!(fenced_write(&db, row, a_token, "A's first write").await);
 
@@ -272,12 +280,12 @@ async fn minting_adds_no_round_trip() {
             let key = key("round-trips");
             // Warm up: table creation, statement preparation.
             for _ in 0..3 {
-                let guard = locks.acquire(&key, None).await.expect("acquire");
+                let guard = locks.acquire(&key, BOUND).await.expect("acquire");
                 assert!(guard.release().await.expect("release"));
             }
             let before = proxy.client_writes();
             for _ in 0..20 {
-                let guard = locks.acquire(&key, None).await.expect("acquire");
+                let guard = locks.acquire(&key, BOUND).await.expect("acquire");
                 assert!(guard.release().await.expect("release"));
             }
             proxy.client_writes() - before
@@ -329,7 +337,7 @@ async fn the_in_memory_manager_mints_per_server() {
     let mut tokens = Vec::new();
     for _ in 0..3 {
         for locks in [&a, &b] {
-            let guard = locks.acquire(&key, None).await.expect("acquire");
+            let guard = locks.acquire(&key, BOUND).await.expect("acquire");
             tokens.push(guard.fencing_token.expect("always minted"));
             assert!(guard.release().await.expect("release"));
         }
@@ -347,7 +355,7 @@ async fn sessions_carry_the_holder_id_while_used_and_their_own_name_after() {
         .idle_sessions(0, Duration::ZERO)
         .build();
     let key = key("tagging");
-    let guard = locks.acquire(&key, None).await.expect("acquire");
+    let guard = locks.acquire(&key, BOUND).await.expect("acquire");
     let pid = lock_rows(&observer, lock_id(&key)).await[0].pid;
     let name: String =
         sqlx::query_scalar("SELECT application_name FROM pg_stat_activity WHERE pid = $1")
@@ -372,7 +380,7 @@ async fn sessions_carry_the_holder_id_while_used_and_their_own_name_after() {
     let plain = PostgresLockManager::builder(pool)
         .application_name_prefix(None)
         .build();
-    let guard = plain.acquire(&key, None).await.expect("acquire");
+    let guard = plain.acquire(&key, BOUND).await.expect("acquire");
     let pid = lock_rows(&observer, lock_id(&key)).await[0].pid;
     let name: String =
         sqlx::query_scalar("SELECT application_name FROM pg_stat_activity WHERE pid = $1")

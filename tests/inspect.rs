@@ -164,7 +164,10 @@ async fn reports_holders_sharers_and_queued_waiters_exactly() {
     let a_granted = Instant::now();
     let guard_b = b.acquire(&key_b, None).await.expect("b holds key_b");
     let sharer_1 = s1.acquire_shared(&key_s, None).await.expect("s1 shares");
-    let sharer_2 = s2.acquire_shared(&key_s, None).await.expect("s2 shares");
+    let sharer_2 = s2
+        .acquire_shared(&key_s, Some(Duration::from_secs(10)))
+        .await
+        .expect("s2 shares");
 
     // Three waiters on key_a, each queued only once the one before is visibly queued, so the
     // server's queue order is known: exclusive, shared, exclusive.

@@ -125,7 +125,10 @@ async fn pg_locks_shows_shared_locks_as_share_locks() {
     let holders = postgres_holders(2).await;
     let key = key("share-rows");
     let first = holders[0].acquire_shared(&key, None).await.expect("shared");
-    let second = holders[1].acquire_shared(&key, None).await.expect("shared");
+    let second = holders[1]
+        .acquire_shared(&key, EVENTUALLY)
+        .await
+        .expect("a second sharer is let in");
     let rows = lock_rows(&observer, lock_id(&key)).await;
     assert_eq!(rows.len(), 2, "{rows:?}");
     assert!(

@@ -382,7 +382,10 @@ async fn a_lost_lock_emits_a_lost_span_with_its_cause() {
     let key = common::key("telemetry-lost");
     let guard = locks.acquire(&key, None).await.expect("acquire");
     assert!(locks.simulate_loss(&key).await);
-    assert_eq!(guard.lost().await, pglock::LossCause::Simulated);
+    let cause = tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("the simulated loss is signalled");
+    assert_eq!(cause, pglock::LossCause::Simulated);
     assert!(guard.release().await.is_err());
 
     let spans = capture.finished_spans();

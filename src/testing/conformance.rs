@@ -516,9 +516,11 @@ pub async fn reacquiring_an_own_key_waits_for_the_local_holder(manager: &Manager
     let guard = manager.acquire(&key, None).await.expect("acquire");
     assert!(manager.try_acquire(&key).await.expect("try").is_none());
     for timeout in [None, Some(Duration::from_millis(50))] {
-        let err = manager
-            .acquire(&key, timeout)
+        // Bounded here, so a manager that lets the task wait for itself fails the case instead
+        // of hanging it.
+        let err = tokio::time::timeout(EVENTUALLY, manager.acquire(&key, timeout))
             .await
+            .expect("the holding task is told at once, not left waiting for itself")
             .expect_err("the holding task would wait for itself");
         assert!(
             matches!(&err, Error::Reentrant { key: named } if named == &key),
