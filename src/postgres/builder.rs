@@ -150,7 +150,7 @@ impl PostgresLockManagerBuilder {
     /// How often the manager checks, while it holds locks, that the server still holds them.
     ///
     /// Each check is one query on a dedicated connection (opened while locks are held, closed
-    /// when none are) covering every held lock at once, so its cost does not grow with the
+    /// once none have been for five intervals) covering every held lock at once, so its cost does not grow with the
     /// number of locks. A lock whose session has ended is declared lost within about one
     /// interval. Default: 2 seconds.
     pub fn probe_interval(mut self, interval: Duration) -> Self {

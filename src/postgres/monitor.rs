@@ -2,7 +2,7 @@
 //!
 //! The monitor sees a manager only through [`LockTable`] (what is held, and a way to declare a
 //! lock lost), and the server only through its own connection, opened with the pool's options
-//! while locks are held and closed when none are.
+//! while locks are held and closed once none have been for five probe intervals.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -27,6 +27,10 @@ const PROBE: &str = "SELECT h.i FROM unnest($1::int4[], $2::int8[], $3::bool[], 
         AND l.classid = (h.id >> 32)::oid AND l.objid = (h.id & 4294967295)::oid \
         AND l.objsubid = h.sub \
         AND l.mode = CASE WHEN h.shared THEN 'ShareLock' ELSE 'ExclusiveLock' END)";
+
+/// How many probe intervals with nothing held the monitor waits before it stops and closes its
+/// connection.
+const IDLE_TICKS: u32 = 5;
 
 /// How often to probe, and how long past a failed probe locks stay "unknown" before they are
 /// declared lost.
@@ -89,6 +93,10 @@ async fn run<T: LockTable>(monitor: Weak<Monitor>, table: Weak<T>, probe: Probe)
     };
     // The last moment at which every lock probed was confirmed held.
     let mut confirmed_at: Option<Instant> = None;
+    // Probe ticks in a row with nothing held: the monitor (and its connection) stays for a
+    // few, so a workload that takes and releases a lock over and over does not reconnect (a
+    // whole authentication handshake) every time it holds one again.
+    let mut idle_ticks = 0;
     while let Some(this) = monitor.upgrade() {
         tokio::select! {
             () = tokio::time::sleep_until(due) => {}
@@ -96,6 +104,11 @@ async fn run<T: LockTable>(monitor: Weak<Monitor>, table: Weak<T>, probe: Probe)
         }
         let Some(table) = table.upgrade() else { break };
         let watched = table.watched().await;
+        if watched.is_empty() && idle_ticks < IDLE_TICKS {
+            idle_ticks += 1;
+            due = Instant::now() + probe.interval;
+            continue;
+        }
         if watched.is_empty() {
             // Stop while nothing is held; a registration racing with this restarts us (it
             // either sees the flag still set, or finds it cleared and spawns a new monitor).
@@ -106,6 +119,7 @@ async fn run<T: LockTable>(monitor: Weak<Monitor>, table: Weak<T>, probe: Probe)
             }
             break;
         }
+        idle_ticks = 0;
         let started = Instant::now();
         let asked = missing(&mut conn, &this.options, &watched, probe.allow_standby);
         match timeout(probe.grace, asked).await {
