@@ -20,8 +20,8 @@ if ! command -v cargo-mutants >/dev/null; then
 fi
 
 TESTS=(conformance cancellation postgres lock_sessions keys errors fencing_tokens storm
-       handoff lost_locks deadlines shared)
-TEST_ARGS=()
+       handoff lost_locks deadlines shared guards transaction_pooling telemetry metrics)
+TEST_ARGS=(--cargo-arg=--lib)
 for t in "${TESTS[@]}"; do TEST_ARGS+=(--cargo-arg=--test --cargo-arg="$t"); done
 
 exec cargo mutants \

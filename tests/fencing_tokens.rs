@@ -391,3 +391,23 @@ async fn sessions_carry_the_holder_id_while_used_and_their_own_name_after() {
     assert_eq!(name, app);
     assert!(guard.release().await.expect("release"));
 }
+
+#[tokio::test]
+async fn the_fencing_table_can_be_created_up_front() {
+    let table = table();
+    let db = pool_named(1, &app_name("up-front")).await;
+    let exists = |db: PgPool, name: String| async move {
+        sqlx::query_scalar::<_, bool>("SELECT to_regclass($1) IS NOT NULL")
+            .bind(name)
+            .fetch_one(&db)
+            .await
+            .expect("query")
+    };
+    assert!(!exists(db.clone(), table.to_string()).await);
+    let locks = fenced(pool_named(2, &app_name("up-front")).await, &table);
+    locks.ensure_fencing_table().await.expect("create");
+    assert!(exists(db.clone(), table.to_string()).await, "created before any acquisition");
+    locks.ensure_fencing_table().await.expect("a second call finds it");
+    let plain = PostgresLockManager::new(pool_named(2, &app_name("unfenced")).await);
+    plain.ensure_fencing_table().await.expect("nothing to do without fencing");
+}

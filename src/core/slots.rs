@@ -41,3 +41,22 @@ impl<K: Hash + Eq, T> Slots<K, T> {
         slot
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_stays_proportional_to_the_names_in_use() {
+        let mut slots: Slots<u32, ()> = Slots::new(|| ());
+        let kept: Vec<Arc<()>> = (0..10).map(|n| slots.get(&n)).collect();
+        for n in 10..10_000 {
+            drop(slots.get(&n));
+        }
+        assert!(slots.slots.len() < 200, "{} entries", slots.slots.len());
+        // Names still in use keep their value.
+        for (n, value) in kept.iter().enumerate() {
+            assert!(Arc::ptr_eq(value, &slots.get(&(n as u32))));
+        }
+    }
+}
