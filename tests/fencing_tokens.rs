@@ -406,8 +406,17 @@ async fn the_fencing_table_can_be_created_up_front() {
     assert!(!exists(db.clone(), table.to_string()).await);
     let locks = fenced(pool_named(2, &app_name("up-front")).await, &table);
     locks.ensure_fencing_table().await.expect("create");
-    assert!(exists(db.clone(), table.to_string()).await, "created before any acquisition");
-    locks.ensure_fencing_table().await.expect("a second call finds it");
+    assert!(
+        exists(db.clone(), table.to_string()).await,
+        "created before any acquisition"
+    );
+    locks
+        .ensure_fencing_table()
+        .await
+        .expect("a second call finds it");
     let plain = PostgresLockManager::new(pool_named(2, &app_name("unfenced")).await);
-    plain.ensure_fencing_table().await.expect("nothing to do without fencing");
+    plain
+        .ensure_fencing_table()
+        .await
+        .expect("nothing to do without fencing");
 }
