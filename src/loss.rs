@@ -21,14 +21,19 @@ pub enum LossCause {
     /// The server could not be asked for longer than the probe interval plus the grace period,
     /// so the lock may have been given to someone else in the meantime.
     Unverifiable,
+    /// The manager closed the session that held the lock (a statement on it went unanswered
+    /// or broke the connection), so it can neither release the lock nor confirm it. The
+    /// server may still hold it until it notices the session is gone; no one else can have
+    /// it before then, but the holder no longer controls it.
+    SessionClosed,
     /// Declared lost on purpose, for tests (see
     /// [`InMemoryLockManager::simulate_loss`](crate::InMemoryLockManager::simulate_loss)).
     Simulated,
 }
 
 impl LossCause {
-    /// A stable, machine-readable name of the cause: `not_on_server`, `unverifiable` or
-    /// `simulated`. It is the `pglock.cause` label of the lost-lock metric, fit for alert rules
+    /// A stable, machine-readable name of the cause: `not_on_server`, `unverifiable`,
+    /// `session_closed` or `simulated`. It is the `pglock.cause` label of the lost-lock metric, fit for alert rules
     /// and dashboards, and never changes for a cause; `Display` gives the English sentence
     /// instead.
     ///
@@ -45,6 +50,7 @@ impl LossCause {
         match self {
             LossCause::NotOnServer => "not_on_server",
             LossCause::Unverifiable => "unverifiable",
+            LossCause::SessionClosed => "session_closed",
             LossCause::Simulated => "simulated",
         }
     }
@@ -56,6 +62,9 @@ impl fmt::Display for LossCause {
             LossCause::NotOnServer => "the server no longer holds it for this session",
             LossCause::Unverifiable => {
                 "the server could not be reached to confirm it within the grace period"
+            }
+            LossCause::SessionClosed => {
+                "the manager closed the session holding it, so it can no longer release it"
             }
             LossCause::Simulated => "loss simulated by the test double",
         })

@@ -44,7 +44,7 @@ pub const MODE: &str = "pglock.mode";
 /// Field: why a lock was declared lost. Spans carry the [`LossCause`](crate::LossCause) as its
 /// English sentence (its `Display`); metrics carry its stable label,
 /// [`LossCause::as_str`](crate::LossCause::as_str) (`not_on_server`, `unverifiable`,
-/// `simulated`).
+/// `session_closed`, `simulated`).
 pub const CAUSE: &str = "pglock.cause";
 /// Field: what started a release; one of the [`via`] values.
 pub const RELEASE_VIA: &str = "pglock.release_via";

@@ -1,6 +1,7 @@
 //! A guard releases only its own acquisition, whichever way its release goes: through
 //! `release`, through a drop while the registry is free, or through a drop while the registry
-//! is busy (which defers the release to a task).
+//! is busy (which defers the release to a task). And a task that dropped its guard holds the
+//! key no more: asking for it again waits for the deferred release, it is not re-entry.
 
 mod common;
 
@@ -69,4 +70,37 @@ async fn postgres_stale_guards_dropped_while_the_registry_is_busy_release_nothin
         locks.held_lock_count() == 0
     })
     .await;
+}
+
+/// The task drops its guard on the deferred path (the registry entry stays until the release
+/// task runs) and asks for the key again at once: it waits for the release and is served.
+async fn a_dropped_guard_is_not_held_by_its_task(locks: &dyn LockManager) {
+    let key = key("dropped-again");
+    for _ in 0..3 {
+        let guard = locks.acquire(&key, None).await.expect("acquire");
+        drop(guard);
+        let again = tokio::time::timeout(
+            Duration::from_secs(10),
+            locks.acquire(&key, Some(Duration::from_secs(5))),
+        )
+        .await
+        .expect("bounded")
+        .expect("the task let the key go: it waits for the release, it is not re-entry");
+        assert!(again.release().await.expect("release"));
+    }
+    assert_eq!(locks.held_lock_count(), 0);
+}
+
+#[tokio::test]
+async fn in_memory_a_task_that_dropped_its_guard_may_ask_again() {
+    let locks = InMemoryLockManager::builder().defer_guard_drops().build();
+    a_dropped_guard_is_not_held_by_its_task(&locks).await;
+}
+
+#[tokio::test]
+async fn postgres_a_task_that_dropped_its_guard_may_ask_again() {
+    let locks = PostgresLockManager::builder(pool_named(3, &app_name("dropped-again")).await)
+        .defer_guard_drops()
+        .build();
+    a_dropped_guard_is_not_held_by_its_task(&locks).await;
 }

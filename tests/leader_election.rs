@@ -808,7 +808,7 @@ async fn cancelled_election_calls_leave_nothing_held() {
     });
     tokio::select! {
         _ = working => unreachable!("the work never ends"),
-        _ = started_rx => {} // the work runs: drop it here
+        _ = within("the leader's work to start", started_rx) => {} // it runs: drop it here
     }
     assert!(leader.is_leader());
     let rows = lock_rows(&observer, lock_id(&key)).await;

@@ -375,6 +375,7 @@ fn loss_cause_labels_are_stable_names_and_display_stays_a_sentence() {
     let causes = [
         (LossCause::NotOnServer, "not_on_server"),
         (LossCause::Unverifiable, "unverifiable"),
+        (LossCause::SessionClosed, "session_closed"),
         (LossCause::Simulated, "simulated"),
     ];
     for (cause, label) in causes {

@@ -14,7 +14,7 @@ use std::pin::pin;
 use std::time::Duration;
 
 use common::jobs::{db_now, job_name, private_table, row, until_db_time};
-use common::{app_name, assert_pool_clean, eventually, observer, pool_named};
+use common::{app_name, assert_pool_clean, eventually, observer, pool_named, within};
 use pglock::schedule::{JobTable, RunOutcome, ScheduledJob};
 use pglock::testing::{Pause, Stage, pause_at};
 use pglock::{LockManager, PostgresLockManager, lock_id};
@@ -239,7 +239,7 @@ async fn cancelled_while_the_body_runs() {
     });
     tokio::select! {
         output = run => panic!("finished: {output:?}"),
-        started = started_rx => started.expect("the body started"),
+        started = within("the body to start", started_rx) => started.expect("the body started"),
     }
     // The claim is given up in the background: the window may run again right away.
     eventually("the dropped run's claim is given up", || async {
@@ -264,7 +264,7 @@ async fn cancelled_while_recording_the_end() {
     }));
     tokio::select! {
         output = &mut run => panic!("finished: {output:?}"),
-        started = started_rx => started.expect("the body started"),
+        started = within("the body to start", started_rx) => started.expect("the body started"),
     }
     let blocker = h.lock_table("EXCLUSIVE").await;
     finish_tx.send(()).expect("let the body end");

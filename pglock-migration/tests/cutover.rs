@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Backend, Harness, SOURCE, TARGET, TestLag, TestStores, coordinator};
+use common::{Backend, Harness, SOURCE, TARGET, TestLag, TestStores, coordinator, within};
 use pglock::LockManager;
 use pglock_migration::{
     AuditEvent, CutoverError, CutoverFailure, CutoverManager, CutoverResult, MigrationConfig,
@@ -538,7 +538,8 @@ async fn c11_concurrent_cutovers_exactly_one_succeeds(backend: Backend) {
         .await;
     }
     parked.release();
-    let (first, second) = (first.await.unwrap(), second.await.unwrap());
+    let first = within("the first cutover", first).await.unwrap();
+    let second = within("the second cutover", second).await.unwrap();
 
     assert!(first.is_ok(), "{first:?}");
     assert_failed(
@@ -604,7 +605,7 @@ async fn c11_loser_times_out_on_the_lock(backend: Backend) {
     );
     assert!(failed.duration >= Duration::from_millis(100), "{failed:?}");
     parked.release();
-    let first = first.await.unwrap();
+    let first = within("the first cutover", first).await.unwrap();
     assert!(first.is_ok(), "{first:?}");
     assert_eq!(
         h.audit(m.id).await,
@@ -635,7 +636,7 @@ async fn duration_includes_the_lock_wait(backend: Backend) {
         held.release().await.unwrap()
     });
     let result = cutover.execute_cutover(m.id, &*lag).await;
-    assert!(releaser.await.unwrap());
+    assert!(within("the release", releaser).await.unwrap());
     let done = result.expect("the lock came free in time");
     assert!(done.duration_ms() >= 300.0, "{done:?}");
     assert!(!done.within_timeout());

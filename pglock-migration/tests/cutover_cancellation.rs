@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Backend, Harness, SOURCE, TARGET, TestLag, TestStores};
+use common::{Backend, Harness, SOURCE, TARGET, TestLag, TestStores, within};
 use pglock_migration::{
     AuditEvent, CutoverManager, MigrationConfig, MigrationPhase, NotReady, Readiness,
     RoutingChange, RoutingState, Transition, WriteGate,
@@ -303,7 +303,7 @@ async fn a_cutover_whose_lock_is_lost_stops_and_rolls_back() {
         "the cutover is under way"
     );
     assert!(locks.simulate_loss(&CutoverManager::lock_key(tenant)).await);
-    let result = running.await;
+    let result = within("the cutover", running).await;
     let failed = result.expect_err("the lock was lost");
     assert_eq!(failed.failure, CutoverFailure::LockLost);
     assert!(failed.rolled_back, "{failed:?}");

@@ -5,9 +5,10 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -20,7 +21,37 @@ use pglock_migration::{
 };
 use uuid::Uuid;
 
-const CHILD_ENV: &str = "PGLOCK_TEST_CUTOVER_CHILD";
+/// The child's role, passed on its command line (libtest takes it for a filter that matches no
+/// test): an argument, unlike an environment variable, cannot leak into the test run that
+/// spawns the child and turn that run into a child.
+const ROLE: &str = "pglock-test-cutover-child=";
+
+/// How long the parent waits for a line from the child before the test fails.
+const CHILD_BOUND: Duration = Duration::from_secs(60);
+
+/// The child spec (`schema,migration`), when this process is a child spawned by a test.
+fn child_role() -> Option<String> {
+    std::env::args().find_map(|arg| arg.strip_prefix(ROLE).map(str::to_owned))
+}
+
+/// The child's output, line by line, read on a thread of its own so that each wait for a line
+/// is bounded.
+struct ChildLines(mpsc::Receiver<String>);
+
+impl ChildLines {
+    /// The next line that contains `marker` (the test harness may have printed
+    /// "test name ... " before it on the same line); panics if the child closes its output
+    /// or stays silent for [`CHILD_BOUND`].
+    fn until(&self, marker: &str) -> String {
+        loop {
+            match self.0.recv_timeout(CHILD_BOUND) {
+                Ok(line) if line.contains(marker) => return line,
+                Ok(_) => {}
+                Err(err) => panic!("no {marker:?} from the child: {err}"),
+            }
+        }
+    }
+}
 
 /// A lag source for the child: on its first call it says `IN_CUTOVER` (the child then holds
 /// the cutover lock and the gate, in `cutover`) and waits for a line on stdin.
@@ -66,34 +97,32 @@ async fn act_as_child(spec: &str) -> ! {
 
 /// Runs this test binary again as a child that cuts `migration` over, and returns it once it
 /// is inside the cutover.
-fn spawn_child(test_name: &str, schema: &str, migration: Uuid) -> (Child, BufReader<ChildStdout>) {
+fn spawn_child(test_name: &str, schema: &str, migration: Uuid) -> (Child, ChildLines) {
     let mut child = Command::new(std::env::current_exe().expect("test binary"))
         .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, format!("{schema},{migration}"))
+        .arg(format!("{ROLE}{schema},{migration}"))
         .env("DATABASE_URL", common::url())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn the child process");
-    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    loop {
-        line.clear();
-        if stdout.read_line(&mut line).expect("read the child") == 0 {
-            let status = child.wait();
-            panic!("the child exited before it entered the cutover: {status:?}");
+    let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stdout.lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
         }
-        // The test harness may have printed "test name ... " on the same line.
-        if line.trim_end().ends_with("IN_CUTOVER") {
-            break;
-        }
-    }
-    (child, stdout)
+    });
+    let lines = ChildLines(rx);
+    lines.until("IN_CUTOVER");
+    (child, lines)
 }
 
 #[tokio::test]
 async fn two_processes_cut_over_at_once_and_exactly_one_succeeds() {
-    if let Ok(spec) = std::env::var(CHILD_ENV) {
+    if let Some(spec) = child_role() {
         act_as_child(&spec).await;
     }
     let h = Harness::postgres().await;
@@ -130,14 +159,12 @@ async fn two_processes_cut_over_at_once_and_exactly_one_succeeds() {
     .await;
 
     writeln!(child.stdin.take().unwrap(), "go").unwrap();
-    let mut report = String::new();
-    child_out.read_line(&mut report).unwrap();
-    assert!(
-        report.trim_end().ends_with("RESULT success=true"),
-        "{report:?}"
-    );
+    let report = child_out.until("RESULT success=");
+    assert!(report.trim_end().ends_with("success=true"), "{report:?}");
     assert!(child.wait().unwrap().success());
-    let mine = mine.await.unwrap();
+    let mine = common::within("this process's cutover", mine)
+        .await
+        .unwrap();
 
     let mine = mine.expect_err("the child cut over first");
     assert_eq!(mine.failure, CutoverFailure::AlreadyMigrated);
@@ -162,7 +189,7 @@ async fn two_processes_cut_over_at_once_and_exactly_one_succeeds() {
 
 #[tokio::test]
 async fn a_process_killed_mid_cutover_is_repaired_by_the_next_cutover() {
-    if let Ok(spec) = std::env::var(CHILD_ENV) {
+    if let Some(spec) = child_role() {
         act_as_child(&spec).await;
     }
     let h = Harness::postgres().await;

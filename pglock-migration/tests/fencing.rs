@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::AtomicI64;
 
-use common::{Backend, Fenced, Harness, SOURCE, TARGET, TestLag, TestStores};
+use common::{Backend, Fenced, Harness, SOURCE, TARGET, TestLag, TestStores, within};
 use pglock_migration::Error;
 use pglock_migration::{
     AuditEvent, CutoverFailure, CutoverManager, MigrationConfig, MigrationPhase, RoutingChange,
@@ -250,7 +250,7 @@ async fn a_cutover_that_lost_its_lock_cannot_switch(backend: Backend) {
         .await
         .unwrap();
     parked.release();
-    let result = running.await.unwrap();
+    let result = within("the cutover", running).await.unwrap();
 
     let failed = result.expect_err("its lock was taken over");
     assert_eq!(failed.failure, CutoverFailure::StateChanged);

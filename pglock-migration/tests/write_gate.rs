@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use common::{Harness, SOURCE, TARGET, TestLag, TestStores};
-use common::{eventually, lock_rows, observer, pool_named};
+use common::{eventually, lock_rows, observer, pool_named, within};
 use pglock::{InMemoryLockManager, InMemoryLockServer, LockManager};
 use pglock_migration::{
     AuditEvent, BoxError, CopyBatch, CopyRequest, CutoverManager, EventCopier, MigrationConfig,
@@ -236,9 +236,9 @@ async fn postgres_an_in_flight_write_drains_and_a_new_write_waits_for_the_new_ro
 
     // A commits; the cutover gets the gate, switches, and lets B in.
     write_a.commit().await.expect("A commits");
-    let result = cutting.await.unwrap();
+    let result = within("the cutover", cutting).await.unwrap();
     assert!(result.is_ok(), "{result:?}");
-    let route_b = writing_b.await.unwrap();
+    let route_b = within("B's write", writing_b).await.unwrap();
     assert_eq!(
         (route_b.state, route_b.store_id.as_str()),
         (RoutingState::Migrated, TARGET),
@@ -445,7 +445,7 @@ async fn memory_the_cutover_waits_for_a_writer_inside_the_gate() {
     );
 
     assert!(inside.release().await.unwrap());
-    let result = cutting.await.unwrap();
+    let result = within("the cutover", cutting).await.unwrap();
     assert!(result.is_ok(), "{result:?}");
     let after = WriteGate::enter_with(&writer, tenant, Some(Duration::from_secs(10)))
         .await

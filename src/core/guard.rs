@@ -1,6 +1,7 @@
 //! A guard's handle on its acquisition in the registry.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use tracing::Instrument;
@@ -15,6 +16,8 @@ pub(super) struct CoreGuard<B: Backend> {
     pub(super) lock_id: i64,
     pub(super) generation: u64,
     pub(super) signal: LossSignal,
+    /// Shared with the registry entry: set as the guard drops (see `Held::let_go`).
+    pub(super) let_go: Arc<AtomicBool>,
     /// False once the acquisition was handed to `release` or `leak`.
     pub(super) armed: bool,
 }
@@ -78,6 +81,7 @@ impl<B: Backend> Drop for CoreGuard<B> {
         if !self.armed {
             return;
         }
+        self.let_go.store(true, Ordering::SeqCst);
         let core = Arc::clone(&self.core);
         let key = self.key.clone();
         let generation = self.generation;

@@ -322,8 +322,13 @@ impl<B: Backend> Core<B> {
         let task = TaskMark::current();
         let turn = {
             let mut state = self.state.lock().await;
-            // Waiting for a key the calling task holds would wait forever.
-            if state.held.get(key).is_some_and(|held| held.task == task) {
+            // Waiting for a key the calling task holds would wait forever; a key whose guard
+            // the task dropped is being released, and is waited for like any other.
+            if state
+                .held
+                .get(key)
+                .is_some_and(|held| held.task == task && !held.let_go.load(Ordering::SeqCst))
+            {
                 return Err(Error::Reentrant {
                     key: request.name(),
                 });
@@ -369,13 +374,14 @@ impl<B: Backend> Core<B> {
         task: TaskMark,
     ) -> LockGuard {
         let info = self.info(request).with_fencing_token(granted.token);
-        let (generation, signal) = self.register(request, granted, permit, task).await;
+        let (generation, signal, let_go) = self.register(request, granted, permit, task).await;
         let guard = CoreGuard {
             core: Arc::clone(self),
             key: request.key.clone(),
             lock_id: request.lock_id,
             generation,
             signal,
+            let_go,
             armed: true,
         };
         LockGuard::new(info, Box::new(guard))

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::time::Instant;
 use tracing::{Instrument, Span};
@@ -26,6 +26,9 @@ pub(super) struct Held<S: Send + 'static> {
     pub(super) mode: LockMode,
     /// Who acquired it (see `TaskMark`).
     pub(super) task: TaskMark,
+    /// Set by the guard as it drops, before its release is done: the task that acquired the
+    /// lock no longer holds it, and may wait for the key again.
+    pub(super) let_go: Arc<AtomicBool>,
     pub(super) signal: LossSignal,
     pub(super) registered_at: Instant,
     /// When the server granted the lock this session holds (earlier than `registered_at` after
@@ -86,14 +89,16 @@ impl<B: Backend> Core<B> {
         granted: Granted<B::Session>,
         turn: TurnPermit<B::Session>,
         task: TaskMark,
-    ) -> (u64, LossSignal) {
+    ) -> (u64, LossSignal, Arc<AtomicBool>) {
         let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
         let signal = LossSignal::new();
+        let let_go = Arc::new(AtomicBool::new(false));
         let held = Held {
             generation,
             target: request.target,
             mode: request.mode,
             task,
+            let_go: Arc::clone(&let_go),
             signal: signal.clone(),
             registered_at: Instant::now(),
             since: granted.since,
@@ -109,7 +114,7 @@ impl<B: Backend> Core<B> {
             self.set_held(state.held.len());
         }
         B::watch(self);
-        (generation, signal)
+        (generation, signal, let_go)
     }
 
     /// The locks held right now, for the loss detector.

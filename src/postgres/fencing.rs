@@ -19,9 +19,11 @@ use crate::Result;
 ///
 /// # How tokens survive crashes and failovers
 ///
-/// * The statement that mints a token commits durably (its WAL is flushed before the lock is
-///   reported granted), whatever the session's or the server's `synchronous_commit`, so a
-///   server crash cannot take back a token that was handed out. `tests/ha.rs` crashes a server
+/// * The statement that mints a token commits durably (its WAL is flushed to the server's disk
+///   before the lock is reported granted), whatever the session's or the server's
+///   `synchronous_commit`, so a server crash cannot take back a token that was handed out. It
+///   does not wait for synchronous standbys (`synchronous_commit = local`), so a slow standby
+///   cannot hold up an acquisition. `tests/ha.rs` crashes a server
 ///   (immediate stop) that commits asynchronously and loses commits in the crash: no token is
 ///   handed out twice.
 /// * With asynchronous replication a promoted standby may lack the latest tokens of the old
@@ -127,8 +129,12 @@ impl FencingTable {
 const EPOCH: &str =
     "(('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 << 40)";
 /// Makes the minting transaction's commit wait for its WAL flush whatever the session's
-/// `synchronous_commit`: a token lost in a crash could be handed out again.
-const DURABLE: &str = "set_config('synchronous_commit', 'on', true) IS NOT NULL";
+/// `synchronous_commit`: a token lost in a crash could be handed out again. `local`, not `on`:
+/// the flush to this server's disk is what a crash needs; waiting for a synchronous standby
+/// would let a slow or missing standby stall the statement past the lock session's statement
+/// bound, and closing the session would drop every other lock on it. The timeline in the
+/// token covers what a standby missed.
+const DURABLE: &str = "set_config('synchronous_commit', 'local', true) IS NOT NULL";
 /// The next token: one above the last, and never below the epoch's first.
 const NEXT: &str = "ON CONFLICT (lock_id) DO UPDATE \
      SET token = GREATEST(f.token + 1, EXCLUDED.token), updated_at = now() RETURNING f.token";

@@ -52,8 +52,8 @@ pub(crate) struct SessionContext {
 pub(crate) trait SessionEvents: Send + Sync + 'static {
     /// The session holds nothing and has been idle: stop handing it out.
     fn retired(&self, id: u64);
-    /// The session closed, with whatever locks it held.
-    fn closed(&self, id: u64);
+    /// The session closed, with whatever locks it held on the server session `pid`.
+    fn closed(&self, id: u64, pid: i32);
 }
 
 /// A granted try's lease and fencing token, `None` when the lock is held elsewhere.
@@ -314,7 +314,7 @@ impl Task {
         // Commands still queued are answered "closed" as their senders see the channel drop.
         self.inbox.close();
         if let Some(events) = self.events.upgrade() {
-            events.closed(self.id);
+            events.closed(self.id, self.conn.pid);
         }
     }
 

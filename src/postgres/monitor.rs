@@ -5,7 +5,7 @@
 //! while locks are held and closed once none have been for five probe intervals.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use sqlx::postgres::PgConnectOptions;
@@ -48,6 +48,9 @@ pub(crate) struct Monitor {
     running: AtomicBool,
     /// Asks for a probe now (a session closed, so its locks may be gone).
     wake: Notify,
+    /// Server sessions the manager closed, and when: the locks registered on them before then
+    /// are lost even where the server still shows them.
+    closed: Mutex<Vec<(i32, Instant)>>,
 }
 
 impl Monitor {
@@ -58,6 +61,7 @@ impl Monitor {
             options: options.clone().application_name(name),
             running: AtomicBool::new(false),
             wake: Notify::new(),
+            closed: Mutex::new(Vec::new()),
         })
     }
 
@@ -73,10 +77,33 @@ impl Monitor {
         }
     }
 
-    /// Probes now rather than at the end of the interval.
-    pub(crate) fn wake(&self) {
+    /// The manager closed the server session `pid`: its locks are reported lost at the next
+    /// probe, which is made now.
+    pub(crate) fn session_closed(&self, pid: i32) {
+        let mut closed = self
+            .closed
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        closed.push((pid, Instant::now()));
+        drop(closed);
         self.wake.notify_one();
     }
+
+    fn take_closed(&self) -> Vec<(i32, Instant)> {
+        let mut closed = self
+            .closed
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        std::mem::take(&mut *closed)
+    }
+}
+
+/// What one monitor keeps between probes.
+struct Prober {
+    conn: Option<PgConnection>,
+    /// The last moment at which every lock probed was confirmed held.
+    confirmed_at: Option<Instant>,
+    probe: Probe,
 }
 
 async fn run<T: LockTable>(monitor: Weak<Monitor>, table: Weak<T>, probe: Probe) {
@@ -84,15 +111,18 @@ async fn run<T: LockTable>(monitor: Weak<Monitor>, table: Weak<T>, probe: Probe)
     // one round trip like every later one, instead of a connection set-up on top of the
     // interval for the first lock taken while nothing else was held.
     let mut due = Instant::now() + probe.interval;
-    let mut conn: Option<PgConnection> = match monitor.upgrade() {
+    let conn: Option<PgConnection> = match monitor.upgrade() {
         Some(this) => timeout(probe.interval, PgConnection::connect_with(&this.options))
             .await
             .ok()
             .and_then(Result::ok),
         None => return,
     };
-    // The last moment at which every lock probed was confirmed held.
-    let mut confirmed_at: Option<Instant> = None;
+    let mut prober = Prober {
+        conn,
+        confirmed_at: None,
+        probe,
+    };
     // Probe ticks in a row with nothing held: the monitor (and its connection) stays for a
     // few, so a workload that takes and releases a lock over and over does not reconnect (a
     // whole authentication handshake) every time it holds one again.
@@ -104,6 +134,7 @@ async fn run<T: LockTable>(monitor: Weak<Monitor>, table: Weak<T>, probe: Probe)
         }
         let Some(table) = table.upgrade() else { break };
         let watched = table.watched().await;
+        let closed = this.take_closed();
         if watched.is_empty() && idle_ticks < IDLE_TICKS {
             idle_ticks += 1;
             due = Instant::now() + probe.interval;
@@ -120,11 +151,31 @@ async fn run<T: LockTable>(monitor: Weak<Monitor>, table: Weak<T>, probe: Probe)
             break;
         }
         idle_ticks = 0;
+        let watched = declare_abandoned(&*table, watched, &closed).await;
+        if !watched.is_empty() {
+            prober.probe(&*table, &this.options, &watched).await;
+        }
+        due = Instant::now() + probe.interval;
+    }
+    if let Some(conn) = prober.conn {
+        let _ = timeout(Duration::from_secs(1), conn.close()).await;
+    }
+}
+
+impl Prober {
+    /// One probe of `watched`: what the server no longer holds is lost; when the server cannot
+    /// be asked, what has gone unconfirmed for too long is.
+    async fn probe<T: LockTable>(
+        &mut self,
+        table: &T,
+        options: &PgConnectOptions,
+        watched: &[Watched],
+    ) {
         let started = Instant::now();
-        let asked = missing(&mut conn, &this.options, &watched, probe.allow_standby);
-        match timeout(probe.grace, asked).await {
+        let asked = missing(&mut self.conn, options, watched, self.probe.allow_standby);
+        match timeout(self.probe.grace, asked).await {
             Ok(Ok(missing)) => {
-                confirmed_at = Some(started);
+                self.confirmed_at = Some(started);
                 for lost in missing {
                     table
                         .declare_lost(&lost.key, lost.generation, LossCause::NotOnServer)
@@ -136,15 +187,37 @@ async fn run<T: LockTable>(monitor: Weak<Monitor>, table: Weak<T>, probe: Probe)
                     tracing::debug!(error = %err, "lost-lock probe failed");
                 }
                 // The connection's state is unknown (or it is broken): start over next time.
-                conn = None;
-                declare_unverifiable(&*table, &watched, confirmed_at, probe).await;
+                self.conn = None;
+                declare_unverifiable(table, watched, self.confirmed_at, self.probe).await;
             }
         }
-        due = Instant::now() + probe.interval;
     }
-    if let Some(conn) = conn {
-        let _ = timeout(Duration::from_secs(1), conn.close()).await;
+}
+
+/// Declares lost the locks held on server sessions the manager has closed, registered before
+/// the close (a later lock on a new session that reuses the pid is not one of them), and
+/// returns the others. The server may still hold the abandoned locks for a while (it has not
+/// noticed the session is gone), but the manager can neither release nor confirm them, so
+/// their holders are told now, without waiting for a probe that may be slow to answer.
+async fn declare_abandoned<T: LockTable>(
+    table: &T,
+    watched: Vec<Watched>,
+    closed: &[(i32, Instant)],
+) -> Vec<Watched> {
+    let mut kept = Vec::with_capacity(watched.len());
+    for lock in watched {
+        let abandoned = closed
+            .iter()
+            .any(|&(pid, at)| lock.pid == Some(pid) && lock.registered_at <= at);
+        if abandoned {
+            table
+                .declare_lost(&lock.key, lock.generation, LossCause::SessionClosed)
+                .await;
+        } else {
+            kept.push(lock);
+        }
     }
+    kept
 }
 
 /// Declares lost the locks not confirmed for longer than the interval plus the grace.

@@ -224,10 +224,11 @@ impl SessionEvents for Inner {
         self.changed.notify_waiters();
     }
 
-    fn closed(&self, id: u64) {
+    fn closed(&self, id: u64, pid: i32) {
         self.state().live.retain(|session| session.id != id);
         self.changed.notify_waiters();
-        // Its locks went with it: find out now rather than at the next probe.
-        self.monitor.wake();
+        // Its locks are out of the manager's hands: the monitor reports them now rather than
+        // at the next probe.
+        self.monitor.session_closed(pid);
     }
 }

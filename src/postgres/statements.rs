@@ -164,8 +164,9 @@ impl Statements {
             sql.push_str(&format!("SET LOCAL lock_timeout = {ms}; "));
         }
         if self.fencing.is_some() {
-            // The token minted below must survive a crash (see `FencingTable`).
-            sql.push_str("SET LOCAL synchronous_commit = on; ");
+            // The token minted below must survive a crash, without waiting for standbys (see
+            // `DURABLE` in fencing.rs).
+            sql.push_str("SET LOCAL synchronous_commit = local; ");
         }
         let function = match mode {
             LockMode::Exclusive => "pg_advisory_lock",

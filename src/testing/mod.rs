@@ -24,12 +24,13 @@ mod server;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use tokio::sync::{Notify, Semaphore};
 
 pub use crate::core::{Hook as StageHook, Stage};
 pub use pgbouncer::{HOW_TO_GET_PGBOUNCER, PoolMode, TempPgBouncer};
-pub use server::{TempPostgres, database_url, run_server_url_for, shared_server};
+pub use server::{TempPostgres, database_url, shared_server};
 
 /// A hook that parks the first operation reaching `stage` until [`Pause::resume`] (or forever),
 /// so a test can cancel the operation exactly there.
@@ -91,9 +92,24 @@ struct PauseInner {
 }
 
 impl Pause {
+    /// How long [`Pause::reached`] waits for an operation to park before it panics.
+    pub const BOUND: Duration = Duration::from_secs(30);
+
     /// Completes once an operation is parked at the stage.
+    ///
+    /// # Panics
+    ///
+    /// When no operation reaches the stage within [`Pause::BOUND`]: a test whose operation
+    /// never gets there (it failed early, or waits elsewhere) fails instead of hanging.
     pub async fn reached(&self) {
-        self.inner.reached.notified().await;
+        let reached = self.inner.reached.notified();
+        if tokio::time::timeout(Self::BOUND, reached).await.is_err() {
+            panic!(
+                "no operation reached the stage {:?} within {:?}",
+                self.inner.stage,
+                Self::BOUND
+            );
+        }
     }
 
     /// Lets the parked operation continue.

@@ -24,3 +24,14 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// How long [`within`] waits for a signal before the test fails.
+pub const SIGNAL_BOUND: Duration = Duration::from_secs(30);
+
+/// Awaits `signal` (a channel, a task, a loss), panicking with `what` if it has not come
+/// within [`SIGNAL_BOUND`], so a regression fails the test instead of hanging it.
+pub async fn within<T>(what: &str, signal: impl Future<Output = T>) -> T {
+    tokio::time::timeout(SIGNAL_BOUND, signal)
+        .await
+        .unwrap_or_else(|_| panic!("waited {SIGNAL_BOUND:?} for {what}"))
+}

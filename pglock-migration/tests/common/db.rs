@@ -81,3 +81,11 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Awaits `signal` (a task, a channel), panicking with `what` if it has not come within 30 s,
+/// so a regression fails the test instead of hanging it.
+pub async fn within<T>(what: &str, signal: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(30), signal)
+        .await
+        .unwrap_or_else(|_| panic!("waited 30 s for {what}"))
+}

@@ -85,9 +85,16 @@ pub struct Hold {
 }
 
 impl Hold {
-    /// Completes once a call is parked.
+    /// Completes once a call is parked; panics after 30 s, so a test whose cutover never
+    /// gets there fails instead of hanging.
     pub async fn reached(&self) {
-        self.reached.notified().await;
+        let reached = self.reached.notified();
+        if tokio::time::timeout(Duration::from_secs(30), reached)
+            .await
+            .is_err()
+        {
+            panic!("no lag call parked within 30 s");
+        }
     }
 
     /// Lets the parked call answer.

@@ -56,22 +56,6 @@ pub fn shared_server() -> &'static TempPostgres {
     SERVER.get_or_init(|| TempPostgres::start().unwrap_or_else(|err| cannot_start(err)))
 }
 
-/// The URL of the server shared by the run of the process `owner_pid`, starting it if needed:
-/// what [`database_url`] does with the run's `cargo` process, for a process chosen by a test of
-/// this mechanism.
-///
-/// # Errors
-///
-/// When `owner_pid` is not a running process (or `/proc` is missing), or the server cannot be
-/// started.
-#[doc(hidden)]
-pub fn run_server_url_for(owner_pid: u32) -> io::Result<String> {
-    let owner = run::Owner::process(owner_pid).ok_or_else(|| {
-        io::Error::new(io::ErrorKind::NotFound, format!("no process {owner_pid}"))
-    })?;
-    run::url_for(&owner)
-}
-
 fn cannot_start(err: io::Error) -> ! {
     panic!("could not start a throwaway PostgreSQL: {err}\n{HOW_TO_GET_ONE}")
 }

@@ -64,11 +64,6 @@ impl Owner {
         Some(Owner::from(me))
     }
 
-    /// The process `pid`, while it runs.
-    pub(super) fn process(pid: u32) -> Option<Owner> {
-        ProcessInfo::of(pid).map(Owner::from)
-    }
-
     fn dir(&self) -> PathBuf {
         std::env::temp_dir().join(format!("pglock-run-{}-{}", self.pid, self.started))
     }
