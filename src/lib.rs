@@ -12,7 +12,7 @@
 //! | [`PostgresLockManager`] | Session advisory locks on a few long-lived connections of your [`sqlx::PgPool`], each carrying any number of locks. |
 //! | [`TransactionLock`] | An advisory lock inside your own sqlx transaction, released when it commits or rolls back; the one that works through PgBouncer in transaction pooling mode. |
 //! | [`InMemoryLockManager`] | The same contract inside one process, for your unit tests. |
-//! | [`LockManagerExt`] | Conveniences for every manager: [`with_lock`](LockManagerExt::with_lock). |
+//! | [`LockManagerExt`] | Conveniences for every manager: [`with_lock`](LockManagerExt::with_lock), [`with_lock_shared`](LockManagerExt::with_lock_shared), [`try_with_lock`](LockManagerExt::try_with_lock), and guards for any key from [`lock`](LockManagerExt::lock) and [`try_lock`](LockManagerExt::try_lock). |
 //! | [`LockGuard`] | Proof that a lock is held; release it with [`LockGuard::release`], or drop it; [`LockGuard::lost`] says when it is gone. |
 //! | [`LockInfo`], [`LockMode`] | What was acquired: key, lock id, time, holder id, fencing token, mode. |
 //! | [`LossSignal`], [`LossCause`] | How a holder learns that its lock was lost, and why. |
@@ -28,24 +28,33 @@
 //!
 //! # Example
 //!
+//! Build one manager per process and share it; `with_lock` waits for the lock, runs the body
+//! while it is held, and releases it on every path, cancelling the body if the lock is lost.
+//!
 //! ```no_run
+//! use std::sync::Arc;
 //! use std::time::Duration;
-//! use pglock::{LockManager, PostgresLockManager};
+//! use pglock::{LockManager, LockManagerExt, PostgresLockManager};
 //!
 //! # async fn run() -> pglock::Result<()> {
 //! let pool = sqlx::PgPool::connect("postgres://localhost/app").await.expect("connect");
-//! let locks = PostgresLockManager::new(pool);
+//! let locks: Arc<dyn LockManager> = Arc::new(PostgresLockManager::new(pool));
 //!
-//! // Wait at most two seconds (pool checkout included) for the lock.
-//! let guard = locks.acquire("rebuild:orders", Some(Duration::from_secs(2))).await?;
-//! println!("lock {} held since {}", guard.lock_id, guard.acquired_at);
-//! tokio::select! {
-//!     cause = guard.lost() => eprintln!("lost the lock: {cause}"),
-//!     () = async { /* ... the critical section ... */ } => {}
-//! }
-//! guard.release().await?;
+//! // Wait at most two seconds, in PostgreSQL's queue, for the lock.
+//! locks
+//!     .with_lock("rebuild:orders", Some(Duration::from_secs(2)), |info| async move {
+//!         println!("lock {} held since {}", info.lock_id, info.acquired_at);
+//!     })
+//!     .await?;
+//!
+//! // One replica of many runs the job; the others skip it.
+//! let ran = locks.try_with_lock("nightly-report", |_| async { /* ... */ }).await?;
+//! println!("ran here: {}", ran.is_some());
 //! # Ok(()) }
 //! ```
+//!
+//! Where the critical section does not fit a closure, [`LockManagerExt::lock`] and
+//! [`LockManagerExt::try_lock`] hand out a [`LockGuard`].
 //!
 //! # Feature flags
 //!

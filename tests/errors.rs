@@ -1,5 +1,5 @@
-//! Errors say what happened: a full server, a closed pool and a standby are each reported as
-//! such, typed, within the manager's bounds.
+//! Errors say what happened: a full server and a closed pool are each reported as such, typed,
+//! within the manager's bounds (a standby's refusal is tested in `tests/ha.rs`).
 
 mod common;
 

@@ -129,7 +129,7 @@ async fn two_processes_cut_over_at_once_and_exactly_one_succeeds() {
     let schema = h.schema().unwrap().to_owned();
     let tenant = Uuid::new_v4();
     let m = h.dual_writing(tenant, MigrationConfig::default()).await;
-    let (mut child, mut child_out) = spawn_child(
+    let (mut child, child_out) = spawn_child(
         "two_processes_cut_over_at_once_and_exactly_one_succeeds",
         &schema,
         m.id,

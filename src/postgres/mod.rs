@@ -70,8 +70,10 @@ use crate::core::{Core, delegate_lock_manager};
 /// pool for locks, whatever the number of locks it holds; 10,000 held keys fit in sqlx's
 /// default pool of 10. Lost-lock detection adds one connection of its own, outside the pool,
 /// while locks are held. PostgreSQL's shared lock table bounds the locks of all sessions
-/// together (`max_locks_per_transaction × max_connections`, about 12,000 advisory locks on a
-/// stock server); beyond it a try fails with the server's "out of shared memory".
+/// together (sized from `max_locks_per_transaction × (max_connections +
+/// max_prepared_transactions)`, and able to borrow spare shared memory: about 12,000 advisory
+/// locks on a stock server, measured); beyond it a try fails with the server's "out of shared
+/// memory".
 ///
 /// # How each operation behaves
 ///
@@ -89,9 +91,12 @@ use crate::core::{Core, delegate_lock_manager};
 ///   clean. There is no client-side polling.
 /// * **Deadlines.** `Some(t)` is one deadline, `t` from the call, covering the wait for this
 ///   manager's own turn on the key, getting a session, and the wait on the server.
-///   `Some(Duration::ZERO)` is exactly one try. `None` waits for as long as it takes, and so
-///   does a deadline too far away for the clock (such as `Duration::MAX`); deadlines beyond
-///   PostgreSQL's largest `lock_timeout` (about 24 days) are waited out in steps.
+///   `Some(Duration::ZERO)` is exactly one try. `None` waits for the holder for as long as it
+///   takes, and so does a deadline too far away for the clock (such as `Duration::MAX`);
+///   deadlines beyond PostgreSQL's largest `lock_timeout` (about 24 days) are waited out in
+///   steps. Getting a connection stays bounded even then (`session_timeout` for a lock
+///   session, the pool's `acquire_timeout` for a connection to wait on), so a server that
+///   cannot be reached or a pool that is full is an error, not an endless wait.
 /// * **A key this manager already holds** is never requested twice from the server: `acquire`
 ///   waits in-process behind the local holder (bounded by its deadline), `try_acquire` returns
 ///   `None`. A lock is never stacked (PostgreSQL's advisory locks are re-entrant per session).
