@@ -6,8 +6,9 @@ mod common;
 use std::time::Duration;
 
 use common::proxy::Proxy;
-use common::{app_name, key, lock_rows, observer, pool_named};
-use pglock::testing::TempPostgres;
+use common::stages::StageCounts;
+use common::{app_name, eventually, key, lock_rows, observer, pool_named};
+use pglock::testing::{Stage, TempPostgres};
 use pglock::{
     Error, FencingTable, InMemoryLockManager, LockManager, LossCause, PostgresLockManager, lock_id,
 };
@@ -144,6 +145,61 @@ async fn tokens_keep_increasing_across_in_process_handoffs() {
         tokens,
         (base + 1..=base + 100).collect::<Vec<i64>>(),
         "one new token per holder, in order"
+    );
+}
+
+/// A lock won by a wait on the server sits on a session of its own; handed over in-process
+/// from there to the next task, it still gets a new token, minted on that session.
+#[tokio::test(flavor = "current_thread")]
+async fn tokens_keep_increasing_across_handoffs_of_a_lock_won_by_a_wait() {
+    let table = table();
+    let stages = StageCounts::default();
+    let locks = PostgresLockManager::builder(pool_named(4, &app_name("fence-wait-relay")).await)
+        .fencing(table.clone())
+        .stage_hook(stages.hook())
+        .handoff_limits(16, Duration::from_secs(10))
+        .build();
+    let holder = fenced(pool_named(2, &app_name("fence-wait-holder")).await, &table);
+    let key = key("fence-wait-relay");
+    let first = holder
+        .acquire(&key, BOUND)
+        .await
+        .expect("acquire elsewhere");
+    let held_token = first.fencing_token.expect("fencing is on");
+    let observer = observer().await;
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let (locks, key) = (locks.clone(), key.clone());
+        tasks.push(tokio::spawn(async move {
+            let guard = locks.acquire(&key, BOUND).await.expect("acquire");
+            let token = guard.fencing_token.expect("fencing is on");
+            assert!(guard.release().await.expect("release"));
+            token
+        }));
+    }
+    // Both are in the manager's queue (a one-thread runtime: seen at its door, walked in), and
+    // the first of them waits on the server.
+    stages.wait_for(Stage::Turn, &key, 2).await;
+    eventually("a waiter on the server", || async {
+        lock_rows(&observer, lock_id(&key))
+            .await
+            .iter()
+            .any(|row| !row.granted)
+    })
+    .await;
+    assert!(first.release().await.expect("release"));
+    let mut tokens = Vec::new();
+    for task in tasks {
+        let token = tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .expect("both tasks are served")
+            .expect("join");
+        tokens.push(token);
+    }
+    assert_eq!(
+        tokens,
+        [held_token + 1, held_token + 2],
+        "the wait minted one token, the handoff the next"
     );
 }
 

@@ -497,6 +497,21 @@ async fn an_endpoint_that_moves_to_the_standby_gets_no_lock_there(
         .await
         .expect("acquire through the endpoint, on the primary");
 
+    // The monitor connects as its first lock is registered, on a task of its own: through
+    // the endpoint, while it still points at the primary.
+    let old_primary = admin(primary).await;
+    poll("the monitor is connected to the primary", || async {
+        let monitors: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE application_name = 'moving:pglock-monitor'",
+        )
+        .fetch_one(&old_primary)
+        .await
+        .expect("pg_stat_activity");
+        (monitors == 1).then_some(())
+    })
+    .await;
+
     endpoint.point_to(standby.port());
     // A contended key: the try on the primary's session fails, the wait opens a session
     // through the endpoint, on the standby. Refused, twice: the refused session is not kept
@@ -512,6 +527,23 @@ async fn an_endpoint_that_moves_to_the_standby_gets_no_lock_there(
             Err(other) => panic!("attempt {attempt}: expected Error::Standby, got {other}"),
         }
     }
+    // The monitor's connection ends and it reconnects through the endpoint, which now leads
+    // to the standby: what it sees there does not show the lock (the standby has none of the
+    // primary's sessions, and a server in recovery counts as holding nothing), so the lock is
+    // declared lost, although its session still holds it on the old primary. A manager whose
+    // monitor has been moved to another server never vouches for locks it cannot see.
+    let terminated: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE application_name = 'moving:pglock-monitor'",
+    )
+    .fetch_all(&old_primary)
+    .await
+    .expect("end the monitor's connection");
+    assert_eq!(terminated, [true], "one monitor connection, ended");
+    let cause = timeout(Duration::from_secs(5), on_primary.lost())
+        .await
+        .expect("the monitor, now on a standby, reports the lock lost");
+    assert_eq!(cause, LossCause::NotOnServer);
     // A manager whose first lock session lands on the standby is refused, and the pool keeps
     // no connection to the standby.
     let newcomer_pool = endpoint.pool("newcomer");
@@ -538,7 +570,13 @@ async fn an_endpoint_that_moves_to_the_standby_gets_no_lock_there(
         .await
         .expect("back on the primary, the contended key is granted");
     assert!(guard.release().await.expect("release"));
-    assert!(on_primary.release().await.expect("release"));
+    assert!(matches!(
+        on_primary.release().await,
+        Err(Error::LockLost {
+            cause: LossCause::NotOnServer,
+            ..
+        })
+    ));
 }
 
 /// Replication cut, tokens minted that the standby never receives, the primary killed, the

@@ -234,11 +234,20 @@ async fn a_closed_lock_session_loses_exactly_its_locks() {
             assert!(released.expect("release"), "{key}");
         }
     }
-    // The manager replaces the closed session as it needs one.
-    let again = locks
-        .acquire(&key("after"), Some(BOUND))
-        .await
-        .expect("acquire");
+    // The closed session leaves the manager's sessions and the surviving one stays in
+    // service: a quiet acquisition goes to it, and no session is opened in the other's place.
+    eventually("the closed session is let go", || async {
+        locks.lock_session_count() == 1
+    })
+    .await;
+    let survivor = survivors[0].0;
+    let after = key("after");
+    let again = locks.acquire(&after, Some(BOUND)).await.expect("acquire");
+    assert_eq!(
+        locks_by_pid(&observer, &app).await,
+        [(survivor, lock_id(&after))],
+        "taken on the surviving session"
+    );
     assert!(again.release().await.expect("release"));
 }
 
@@ -502,6 +511,55 @@ async fn a_lock_session_that_sees_its_connection_break_reports_its_locks_at_once
         .await
         .expect("reported well before the 30 s probe");
     assert_eq!(cause, pglock::LossCause::SessionClosed);
+}
+
+#[tokio::test]
+async fn a_fenced_try_whose_mint_fails_takes_nothing_and_keeps_the_session() {
+    // The mint's INSERT breaks a constraint after the try's lock was granted in the same
+    // statement: the session lock survives the failed statement, so the session's task must
+    // take it back before it reports the error, and the session, with its other locks, goes on.
+    let observer = observer().await;
+    let app = app_name("mint-fails");
+    let table_name = format!("pglock_test_fence_{}", uuid::Uuid::new_v4().simple());
+    let table = FencingTable::new(&table_name).expect("valid name");
+    let locks = common::manager_for(pool_named(4, &app).await, &app)
+        .fencing(table.clone())
+        .lock_sessions(1)
+        .build();
+    let kept_key = key("mint-fails-kept");
+    let kept = locks
+        .acquire(&kept_key, Some(BOUND))
+        .await
+        .expect("acquire");
+    let session = locks_by_pid(&observer, &app).await[0].0;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE {table_name} ADD CONSTRAINT pglock_test_no_new_tokens CHECK (token < 0) NOT VALID"
+    )))
+    .execute(&observer)
+    .await
+    .expect("refuse new tokens");
+
+    let refused = key("mint-fails-refused");
+    let err = locks
+        .try_acquire(&refused)
+        .await
+        .expect_err("the mint fails");
+    assert!(
+        matches!(err, pglock::Error::AcquisitionFailed { .. }),
+        "{err:?}"
+    );
+    assert!(
+        lock_rows(&observer, lock_id(&refused)).await.is_empty(),
+        "the lock granted before the failed mint was taken back"
+    );
+    assert!(!locks.is_held(&refused).await);
+    assert!(!kept.is_lost());
+    assert_eq!(
+        locks_by_pid(&observer, &app).await,
+        [(session, lock_id(&kept_key))],
+        "the session and its other lock go on"
+    );
+    assert!(kept.release().await.expect("release"));
 }
 
 #[tokio::test]

@@ -5,10 +5,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::child::ChildOutput;
 use pglock::{LockManager, PostgresLockManager};
 use sqlx::PgPool;
 
@@ -112,15 +112,13 @@ async fn processes_never_overlap_in_the_critical_section() {
             .collect();
         let mut sections = 0;
         for mut worker in workers {
-            let stdout = worker.stdout.take().expect("stdout");
-            let reported: i64 = BufReader::new(stdout)
-                .lines()
-                .map_while(Result::ok)
-                .find_map(|line| {
-                    line.strip_prefix("DONE ")
-                        .map(|n| n.parse().expect("count"))
-                })
-                .expect("the worker reports its count");
+            let output = ChildOutput::read(worker.stdout.take().expect("stdout"));
+            let line = output.until("DONE ");
+            let reported: i64 = line
+                .rsplit("DONE ")
+                .next()
+                .and_then(|n| n.trim().parse().ok())
+                .unwrap_or_else(|| panic!("a count in {line:?}"));
             assert!(worker.wait().expect("wait").success());
             sections += reported;
         }

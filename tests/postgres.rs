@@ -2,11 +2,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::child::ChildOutput;
 use common::stages::StageCounts;
 use common::{
     advisory_locks_of, app_name, assert_pool_clean, eventually, key, lock_rows, observer,
@@ -616,12 +617,7 @@ fn spawn_holder_process(test_name: &str, key: &str) -> std::process::Child {
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn the holder process");
-    let stdout = child.stdout.take().expect("stdout");
-    let held = BufReader::new(stdout)
-        .lines()
-        .map_while(Result::ok)
-        .any(|line| line.ends_with("HELD"));
-    assert!(held, "the holder process never reported holding the lock");
+    ChildOutput::read(child.stdout.take().expect("stdout")).until("HELD");
     child
 }
 
@@ -817,4 +813,70 @@ async fn an_unconfirmed_unlock_closes_its_wait_session_instead_of_pooling_it() {
         pooled, pid,
         "the connection of the unconfirmed unlock went back to the pool"
     );
+}
+
+#[tokio::test]
+async fn a_wait_handed_a_pooled_connection_that_died_goes_on_another() {
+    let observer = observer().await;
+    let app = app_name("dead-pooled-wait");
+    // No health check on checkout: the pool hands out a dead connection as it is, as it does
+    // whenever a connection dies between its check and its use.
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .test_before_acquire(false)
+        .connect_with(common::options(&app))
+        .await
+        .expect("connect");
+    let locks = common::manager_for(pool.clone(), &app).build();
+    // The lock session is open before the pooled connection dies, so only the wait meets it.
+    let warm = locks
+        .acquire(&key("dead-pooled-warm"), Some(Duration::from_secs(10)))
+        .await
+        .expect("acquire");
+    assert!(warm.release().await.expect("release"));
+    let pid: i32 = {
+        let mut conn = pool.acquire().await.expect("a pooled connection");
+        sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *conn)
+            .await
+            .expect("pid")
+    };
+    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(&observer)
+        .await
+        .expect("terminate");
+    assert!(terminated);
+    eventually("the pooled connection's backend is gone", || async {
+        sessions_of(&observer, &app)
+            .await
+            .iter()
+            .all(|session| session.pid != pid)
+    })
+    .await;
+
+    let key = key("dead-pooled-wait");
+    let holder = PostgresLockManager::new(pool_named(2, &app_name("dead-pooled-holder")).await);
+    let held = holder
+        .acquire(&key, Some(Duration::from_secs(10)))
+        .await
+        .expect("acquire elsewhere");
+    let waiting = tokio::spawn({
+        let (locks, key) = (locks.clone(), key.clone());
+        async move { locks.acquire(&key, Some(Duration::from_secs(20))).await }
+    });
+    eventually("the manager waits on the server", || async {
+        lock_rows(&observer, lock_id(&key))
+            .await
+            .iter()
+            .any(|row| !row.granted)
+    })
+    .await;
+    assert!(held.release().await.expect("release"));
+    let guard = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("the wait ends")
+        .expect("join")
+        .expect("the wait that met a dead connection went on on another one");
+    assert!(guard.release().await.expect("release"));
 }

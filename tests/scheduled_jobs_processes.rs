@@ -7,11 +7,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Lines};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use common::child::ChildOutput;
 use common::jobs::{db_now, job_name, private_table, row, until_db_time};
 use pglock::PostgresLockManager;
 use pglock::schedule::{JobTable, RunOutcome, ScheduledJob, Skip};
@@ -53,10 +53,6 @@ fn spawn_replica(test: &str, spec: &str) -> Child {
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn a replica")
-}
-
-fn lines(child: &mut Child) -> Lines<BufReader<ChildStdout>> {
-    BufReader::new(child.stdout.take().expect("stdout")).lines()
 }
 
 fn skewed_job(locks: PostgresLockManager, table: &str, name: &str) -> ScheduledJob {
@@ -159,7 +155,7 @@ async fn replicas_on_skewed_schedules_run_each_window_exactly_once() {
         .collect();
     let mut reported = 0;
     for replica in &mut replicas {
-        let lines: Vec<String> = lines(replica).map_while(Result::ok).collect();
+        let lines = ChildOutput::read(replica.stdout.take().expect("stdout")).all();
         assert!(lines.iter().any(|l| l == "DONE"), "{lines:?}");
         reported += lines.iter().filter(|l| l.starts_with("RAN ")).count();
         println!("{lines:?}");
@@ -225,10 +221,7 @@ async fn a_killed_runner_holds_the_job_until_its_max_hold_then_the_window_runs_a
         "a_killed_runner_holds_the_job_until_its_max_hold_then_the_window_runs_again",
         &format!("crash|{table}|{name}"),
     );
-    let line = lines(&mut runner)
-        .map_while(Result::ok)
-        .find(|l| l.starts_with("RUNNING "))
-        .expect("the runner starts its body");
+    let line = ChildOutput::read(runner.stdout.take().expect("stdout")).until("RUNNING ");
     assert_eq!(line, "RUNNING 1");
     runner.kill().expect("kill the runner");
     runner.wait().expect("reap the runner");

@@ -4,14 +4,14 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use common::child::ChildOutput;
 use common::{Harness, SOURCE, TARGET, TestLag, TestStores};
 use common::{eventually, lock_rows, observer, pool_named};
 use pglock::PostgresLockManager;
@@ -26,31 +26,9 @@ use uuid::Uuid;
 /// spawns the child and turn that run into a child.
 const ROLE: &str = "pglock-test-cutover-child=";
 
-/// How long the parent waits for a line from the child before the test fails.
-const CHILD_BOUND: Duration = Duration::from_secs(60);
-
 /// The child spec (`schema,migration`), when this process is a child spawned by a test.
 fn child_role() -> Option<String> {
     std::env::args().find_map(|arg| arg.strip_prefix(ROLE).map(str::to_owned))
-}
-
-/// The child's output, line by line, read on a thread of its own so that each wait for a line
-/// is bounded.
-struct ChildLines(mpsc::Receiver<String>);
-
-impl ChildLines {
-    /// The next line that contains `marker` (the test harness may have printed
-    /// "test name ... " before it on the same line); panics if the child closes its output
-    /// or stays silent for [`CHILD_BOUND`].
-    fn until(&self, marker: &str) -> String {
-        loop {
-            match self.0.recv_timeout(CHILD_BOUND) {
-                Ok(line) if line.contains(marker) => return line,
-                Ok(_) => {}
-                Err(err) => panic!("no {marker:?} from the child: {err}"),
-            }
-        }
-    }
 }
 
 /// A lag source for the child: on its first call it says `IN_CUTOVER` (the child then holds
@@ -97,7 +75,7 @@ async fn act_as_child(spec: &str) -> ! {
 
 /// Runs this test binary again as a child that cuts `migration` over, and returns it once it
 /// is inside the cutover.
-fn spawn_child(test_name: &str, schema: &str, migration: Uuid) -> (Child, ChildLines) {
+fn spawn_child(test_name: &str, schema: &str, migration: Uuid) -> (Child, ChildOutput) {
     let mut child = Command::new(std::env::current_exe().expect("test binary"))
         .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
         .arg(format!("{ROLE}{schema},{migration}"))
@@ -106,16 +84,7 @@ fn spawn_child(test_name: &str, schema: &str, migration: Uuid) -> (Child, ChildL
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn the child process");
-    let stdout = BufReader::new(child.stdout.take().expect("stdout"));
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in stdout.lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    let lines = ChildLines(rx);
+    let lines = ChildOutput::read(child.stdout.take().expect("stdout"));
     lines.until("IN_CUTOVER");
     (child, lines)
 }

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests, one file per concern.
 #![allow(dead_code, unused_imports)]
 
+pub mod child;
 pub mod cli;
 mod db;
 pub mod jobs;

@@ -1,6 +1,9 @@
 //! Helpers shared by the migration tests, one file per concern.
 #![allow(dead_code, unused_imports)]
 
+// The root crate's bounded reader of a child's output, shared rather than copied.
+#[path = "../../../tests/common/child.rs"]
+pub mod child;
 mod db;
 mod fenced;
 mod flaky;
