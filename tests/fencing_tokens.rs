@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::proxy::Proxy;
 use common::stages::StageCounts;
-use common::{app_name, eventually, key, lock_rows, observer, pool_named};
+use common::{app_name, eventually_waiting, key, lock_rows, observer, pool_named};
 use pglock::testing::{Stage, TempPostgres};
 use pglock::{
     Error, FencingTable, InMemoryLockManager, LockManager, LossCause, PostgresLockManager, lock_id,
@@ -180,13 +180,7 @@ async fn tokens_keep_increasing_across_handoffs_of_a_lock_won_by_a_wait() {
     // Both are in the manager's queue (a one-thread runtime: seen at its door, walked in), and
     // the first of them waits on the server.
     stages.wait_for(Stage::Turn, &key, 2).await;
-    eventually("a waiter on the server", || async {
-        lock_rows(&observer, lock_id(&key))
-            .await
-            .iter()
-            .any(|row| !row.granted)
-    })
-    .await;
+    eventually_waiting("a waiter on the server", &observer, &key).await;
     assert!(first.release().await.expect("release"));
     let mut tokens = Vec::new();
     for task in tasks {

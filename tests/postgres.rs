@@ -10,8 +10,8 @@ use std::time::Duration;
 use common::child::ChildOutput;
 use common::stages::StageCounts;
 use common::{
-    advisory_locks_of, app_name, assert_pool_clean, eventually, key, lock_rows, observer,
-    pool_named, sessions_of,
+    advisory_locks_of, app_name, assert_pool_clean, eventually, eventually_waiting, key, lock_rows,
+    observer, pool_named, sessions_of,
 };
 use pglock::testing::Stage;
 use pglock::{Error, LockManager, PostgresLockManager, lock_id, split_lock_id};
@@ -98,13 +98,7 @@ async fn a_blocking_acquire_waits_on_the_server_without_polling() {
         let (waiter, key) = (waiter.clone(), key.clone());
         async move { waiter.acquire(&key, Some(Duration::from_secs(30))).await }
     });
-    eventually("the waiter is queued on the server", || async {
-        lock_rows(&observer, lock_id(&key))
-            .await
-            .iter()
-            .any(|row| !row.granted)
-    })
-    .await;
+    eventually_waiting("the waiter is queued on the server", &observer, &key).await;
     let waiting_session = |sessions: Vec<common::SessionRow>| {
         sessions
             .into_iter()
@@ -260,13 +254,7 @@ async fn a_timed_out_wait_leaves_its_connection_clean_and_pooled() {
         let (waiter, key) = (waiter.clone(), key.clone());
         async move { waiter.acquire(&key, Some(Duration::from_secs(10))).await }
     });
-    eventually("the waiter queues on the server", || async {
-        lock_rows(&observer, lock_id(&key))
-            .await
-            .iter()
-            .any(|row| !row.granted)
-    })
-    .await;
+    eventually_waiting("the waiter queues on the server", &observer, &key).await;
     assert!(guard.release().await.expect("release"));
     let granted = tokio::time::timeout(Duration::from_secs(10), waiting)
         .await
@@ -865,13 +853,7 @@ async fn a_wait_handed_a_pooled_connection_that_died_goes_on_another() {
         let (locks, key) = (locks.clone(), key.clone());
         async move { locks.acquire(&key, Some(Duration::from_secs(20))).await }
     });
-    eventually("the manager waits on the server", || async {
-        lock_rows(&observer, lock_id(&key))
-            .await
-            .iter()
-            .any(|row| !row.granted)
-    })
-    .await;
+    eventually_waiting("the manager waits on the server", &observer, &key).await;
     assert!(held.release().await.expect("release"));
     let guard = tokio::time::timeout(Duration::from_secs(30), waiting)
         .await

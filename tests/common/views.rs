@@ -139,3 +139,15 @@ pub async fn assert_pool_clean(observer: &PgPool, app: &str) {
     })
     .await;
 }
+
+/// Waits (bounded, as [`eventually`](super::eventually)) until a session waits on the server
+/// for `key`'s lock; `what` names the wait in the failure.
+pub async fn eventually_waiting(what: &str, observer: &PgPool, key: &str) {
+    super::eventually(what, || async {
+        lock_rows(observer, pglock::lock_id(key))
+            .await
+            .iter()
+            .any(|row| !row.granted)
+    })
+    .await;
+}
