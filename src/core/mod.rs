@@ -8,6 +8,7 @@
 //! | `registry.rs` | held locks: register, release, release all, declare lost |
 //! | `guard.rs` | a guard's handle on its registry entry |
 //! | `turn.rs` | the per-key FIFO queue of one manager's tasks, and the in-process handoff |
+//! | `slots.rs` | the table of per-key queues, which forgets keys nobody waits for |
 //! | `spans.rs` | tracing spans and their outcomes |
 
 mod guard;
