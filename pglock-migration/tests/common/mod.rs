@@ -1,13 +1,15 @@
 //! Helpers shared by the migration tests, one file per concern.
 #![allow(dead_code, unused_imports)]
 
-// The root crate's bounded reader of a child's output, shared rather than copied.
+// The root crate's bounded reader of a child's output and its OpenTelemetry capture, shared
+// rather than copied.
 #[path = "../../../tests/common/child.rs"]
 pub mod child;
 mod db;
 mod fenced;
 mod flaky;
 mod harness;
+#[path = "../../../tests/common/otel.rs"]
 pub mod otel;
 mod plugins;
 
