@@ -537,51 +537,13 @@ impl Campaign {
             tracing::info!(parent: &span, "became leader");
         }
 
-        // Wait for the end of the term. Never acquire again here: one guard, one lock.
-        let mut missing = false;
-        let end = loop {
-            let ticked = first(guard.lost(), sleep(self.retry));
-            match first(self.stop.cancelled(), ticked).await {
-                First::Left(()) => break TermEnd::Stopped,
-                First::Right(First::Left(cause)) => break TermEnd::Lost(cause),
-                First::Right(First::Right(())) => {
-                    // Released through the manager: out of its registry at two checks in a
-                    // row, with no loss declared (a loss leaves the registry a moment before
-                    // its signal fires, so one check could mistake it for a release).
-                    let held = self.manager.is_held(&self.key).await;
-                    if !held && missing {
-                        break TermEnd::ReleasedElsewhere;
-                    }
-                    missing = !held;
-                }
-            }
-        };
-
+        let end = self.term_end(&guard).await;
         // Step down before anything else: no one may act on this term any more.
         term.end(end.clone());
         self.terms.send_replace(None);
         self.leadership.send_replace(Leadership::Follower);
         span.record(names::TERM_MS, started.elapsed().as_secs_f64() * 1000.0);
-
-        match &end {
-            TermEnd::Lost(cause) => {
-                span.record(names::OUTCOME, names::outcome::LOST);
-                span.record(telemetry::CAUSE, tracing::field::display(cause));
-                span.record("otel.status_code", "ERROR");
-                if self.tracing {
-                    tracing::warn!(parent: &span, %cause, "leadership lost");
-                }
-            }
-            TermEnd::ReleasedElsewhere => {
-                span.record(names::OUTCOME, names::outcome::RELEASED_ELSEWHERE);
-                span.record("otel.status_code", "ERROR");
-                if self.tracing {
-                    let reason = "the lock was released through the manager";
-                    tracing::warn!(parent: &span, reason, "leadership lost");
-                }
-            }
-            TermEnd::Stopped => {}
-        }
+        self.record_end(&span, &end);
         if !matches!(end, TermEnd::Stopped) {
             // The lock is gone already: nothing to release. Let the old term's work finish
             // dropping before a new term can start one.
@@ -591,8 +553,58 @@ impl Campaign {
                 First::Right(()) => None,
             };
         }
+        Some(self.step_down(guard, &term, &span).await)
+    }
 
-        // Graceful: the leader work is gone before the lock is, so a successor never overlaps it.
+    /// Waits for the end of the term: a stop, a loss, or the lock released through the
+    /// manager. Never acquires again: one guard, one lock.
+    async fn term_end(&self, guard: &LockGuard) -> TermEnd {
+        let mut missing = false;
+        loop {
+            let ticked = first(guard.lost(), sleep(self.retry));
+            match first(self.stop.cancelled(), ticked).await {
+                First::Left(()) => return TermEnd::Stopped,
+                First::Right(First::Left(cause)) => return TermEnd::Lost(cause),
+                First::Right(First::Right(())) => {
+                    // Released through the manager: out of its registry at two checks in a
+                    // row, with no loss declared (a loss leaves the registry a moment before
+                    // its signal fires, so one check could mistake it for a release).
+                    let held = self.manager.is_held(&self.key).await;
+                    if !held && missing {
+                        return TermEnd::ReleasedElsewhere;
+                    }
+                    missing = !held;
+                }
+            }
+        }
+    }
+
+    /// Records on the term's span how a term that did not stop gracefully ended.
+    fn record_end(&self, span: &Span, end: &TermEnd) {
+        match end {
+            TermEnd::Lost(cause) => {
+                span.record(names::OUTCOME, names::outcome::LOST);
+                span.record(telemetry::CAUSE, tracing::field::display(cause));
+                span.record("otel.status_code", "ERROR");
+                if self.tracing {
+                    tracing::warn!(parent: span, %cause, "leadership lost");
+                }
+            }
+            TermEnd::ReleasedElsewhere => {
+                span.record(names::OUTCOME, names::outcome::RELEASED_ELSEWHERE);
+                span.record("otel.status_code", "ERROR");
+                if self.tracing {
+                    let reason = "the lock was released through the manager";
+                    tracing::warn!(parent: span, reason, "leadership lost");
+                }
+            }
+            TermEnd::Stopped => {}
+        }
+    }
+
+    /// The graceful end of a term: the leader work is gone before the lock is, so a successor
+    /// never overlaps it.
+    async fn step_down(&self, guard: LockGuard, term: &Term, span: &Span) -> Result<bool> {
         term.drained().instrument(span.clone()).await;
         let released = guard.release().instrument(span.clone()).await;
         let how = if self.resigned.load(Ordering::SeqCst) {
@@ -604,12 +616,12 @@ impl Campaign {
         if let Err(err) = &released {
             span.record("otel.status_code", "ERROR");
             if self.tracing {
-                tracing::warn!(parent: &span, error = %err, "resigned, release unconfirmed");
+                tracing::warn!(parent: span, error = %err, "resigned, release unconfirmed");
             }
         } else if self.tracing {
-            tracing::info!(parent: &span, "resigned");
+            tracing::info!(parent: span, "resigned");
         }
-        Some(released)
+        released
     }
 
     fn term_span(&self, info: &LockInfo) -> Span {

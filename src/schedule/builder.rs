@@ -79,54 +79,15 @@ impl ScheduledJobBuilder {
     /// tolerance is not shorter than the period; when the max hold is zero or shorter than the
     /// min hold; or when a duration exceeds a hundred years.
     pub fn build(self) -> Result<ScheduledJob> {
-        let invalid = |reason: String| Error::InvalidSchedule {
+        let Checked {
+            period,
+            tolerance,
+            min_hold,
+            max_hold,
+        } = self.checked().map_err(|reason| Error::InvalidSchedule {
             job: self.name.clone(),
             reason,
-        };
-        check_name(&self.name).map_err(|reason| invalid(reason.to_owned()))?;
-        let period = self.period;
-        if period < SHORTEST_PERIOD {
-            return Err(invalid(format!(
-                "the period ({period:?}) must be at least 1 ms"
-            )));
-        }
-        let max_hold = self.max_hold.unwrap_or(period);
-        let min_hold = self.min_hold.unwrap_or_else(|| (period / 2).min(max_hold));
-        let tolerance = self
-            .tolerance
-            .unwrap_or_else(|| (period / 10).min(Duration::from_secs(5)));
-        for (what, value) in [
-            ("period", period),
-            ("offset", self.offset),
-            ("skew tolerance", tolerance),
-            ("min hold", min_hold),
-            ("max hold", max_hold),
-        ] {
-            if value > LONGEST {
-                return Err(invalid(format!(
-                    "the {what} ({value:?}) is longer than a hundred years"
-                )));
-            }
-        }
-        if self.offset >= period {
-            return Err(invalid(format!(
-                "the offset ({:?}) must be shorter than the period ({period:?})",
-                self.offset
-            )));
-        }
-        if tolerance >= period {
-            return Err(invalid(format!(
-                "the skew tolerance ({tolerance:?}) must be shorter than the period ({period:?})"
-            )));
-        }
-        if max_hold.is_zero() {
-            return Err(invalid("the max hold must not be zero".to_owned()));
-        }
-        if min_hold > max_hold {
-            return Err(invalid(format!(
-                "the min hold ({min_hold:?}) must not exceed the max hold ({max_hold:?})"
-            )));
-        }
+        })?;
         let micros = Micros {
             period: micros(period),
             offset: micros(self.offset),
@@ -154,6 +115,67 @@ impl ScheduledJobBuilder {
             }),
         })
     }
+
+    /// The schedule's durations with their defaults filled in, checked against each other;
+    /// `Err` says what is wrong.
+    fn checked(&self) -> std::result::Result<Checked, String> {
+        check_name(&self.name).map_err(str::to_owned)?;
+        let period = self.period;
+        if period < SHORTEST_PERIOD {
+            return Err(format!("the period ({period:?}) must be at least 1 ms"));
+        }
+        let max_hold = self.max_hold.unwrap_or(period);
+        let min_hold = self.min_hold.unwrap_or_else(|| (period / 2).min(max_hold));
+        let tolerance = self
+            .tolerance
+            .unwrap_or_else(|| (period / 10).min(Duration::from_secs(5)));
+        for (what, value) in [
+            ("period", period),
+            ("offset", self.offset),
+            ("skew tolerance", tolerance),
+            ("min hold", min_hold),
+            ("max hold", max_hold),
+        ] {
+            if value > LONGEST {
+                return Err(format!(
+                    "the {what} ({value:?}) is longer than a hundred years"
+                ));
+            }
+        }
+        if self.offset >= period {
+            return Err(format!(
+                "the offset ({:?}) must be shorter than the period ({period:?})",
+                self.offset
+            ));
+        }
+        if tolerance >= period {
+            return Err(format!(
+                "the skew tolerance ({tolerance:?}) must be shorter than the period ({period:?})"
+            ));
+        }
+        if max_hold.is_zero() {
+            return Err("the max hold must not be zero".to_owned());
+        }
+        if min_hold > max_hold {
+            return Err(format!(
+                "the min hold ({min_hold:?}) must not exceed the max hold ({max_hold:?})"
+            ));
+        }
+        Ok(Checked {
+            period,
+            tolerance,
+            min_hold,
+            max_hold,
+        })
+    }
+}
+
+/// A schedule's durations, checked (the offset is used as given).
+struct Checked {
+    period: Duration,
+    tolerance: Duration,
+    min_hold: Duration,
+    max_hold: Duration,
 }
 
 fn check_name(name: &str) -> std::result::Result<(), &'static str> {
