@@ -80,6 +80,10 @@ impl Monitor {
     /// The manager closed the server session `pid`: its locks are reported lost at the next
     /// probe, which is made now.
     pub(crate) fn session_closed(&self, pid: i32) {
+        if self.probe.is_none() {
+            // Detection is off: no loss is ever reported, so nothing needs remembering.
+            return;
+        }
         let mut closed = self
             .closed
             .lock()
