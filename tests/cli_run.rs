@@ -218,3 +218,38 @@ async fn sigterm_reaches_the_command_and_pglock_keeps_the_lock_until_it_exits() 
     assert_eq!(exit_code(run).await, Some(3));
     assert_free(&observer, &key).await;
 }
+
+#[tokio::test]
+async fn shared_runs_share_the_lock_and_an_exclusive_holder_excludes_them() {
+    let observer = observer().await;
+    let key = key("cli-shared");
+    let sharer = PostgresLockManager::new(common::pool(2).await);
+    let shared = sharer
+        .acquire_shared(&key, Some(std::time::Duration::from_secs(10)))
+        .await
+        .expect("acquire shared");
+    // A shared run shares the lock with the holder; an exclusive one is refused.
+    let out = output(pglock_on_db(&[
+        "run", &key, "--shared", "-n", "--", "echo", "ran",
+    ]))
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "ran");
+    let out = output(pglock_on_db(&["run", &key, "-n", "--", "echo", "ran"])).await;
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(out.stdout.is_empty(), "the command did not run");
+    assert!(shared.release().await.expect("release"));
+
+    // Under an exclusive holder, a shared run is refused too.
+    let guard = sharer
+        .acquire(&key, Some(std::time::Duration::from_secs(10)))
+        .await
+        .expect("acquire");
+    let out = output(pglock_on_db(&[
+        "run", &key, "--shared", "-n", "--", "echo", "ran",
+    ]))
+    .await;
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(guard.release().await.expect("release"));
+    assert_free(&observer, &key).await;
+}
