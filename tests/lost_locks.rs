@@ -378,6 +378,41 @@ async fn the_monitor_has_its_own_named_connection_only_while_locks_are_held() {
 }
 
 #[tokio::test]
+async fn a_lock_taken_again_and_again_keeps_one_monitor_connection() {
+    // The monitor stays for five idle probe intervals: a workload that takes and releases a
+    // lock over and over, with gaps shorter than that, keeps one monitor connection instead of
+    // a new one (a whole authentication handshake) every time it holds a lock again.
+    let observer = observer().await;
+    let app = app_name("monitor-kept");
+    let interval = Duration::from_millis(50);
+    let locks = PostgresLockManager::builder(pool_named(2, &app).await)
+        .probe_interval(interval)
+        .build();
+    let monitor = format!("{app}:pglock-monitor");
+    let mut pids = std::collections::HashSet::new();
+    for round in 0..12 {
+        let guard = locks
+            .acquire(&key(&format!("monitor-kept-{round}")), None)
+            .await
+            .expect("acquire");
+        common::eventually("the monitor is connected", || async {
+            common::sessions_of(&observer, &monitor).await.len() == 1
+        })
+        .await;
+        pids.extend(
+            common::sessions_of(&observer, &monitor)
+                .await
+                .iter()
+                .map(|session| session.pid),
+        );
+        assert!(guard.release().await.expect("release"));
+        // Idle for two intervals: the monitor sees nothing held at a tick or two.
+        tokio::time::sleep(interval * 2).await;
+    }
+    assert_eq!(pids.len(), 1, "one monitor connection throughout: {pids:?}");
+}
+
+#[tokio::test]
 async fn the_monitor_connects_before_its_first_probe_is_due() {
     // The first probe must cost one round trip, like the others, for a loss to be reported
     // within an interval plus a round trip: so the monitor opens its connection as it starts,

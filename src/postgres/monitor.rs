@@ -46,6 +46,9 @@ pub(crate) struct Monitor {
     probe: Option<Probe>,
     options: PgConnectOptions,
     running: AtomicBool,
+    /// Set at every registration: a lock was taken since the last probe tick, even if it was
+    /// released again before the tick saw it.
+    used: AtomicBool,
     /// Asks for a probe now (a session closed, so its locks may be gone).
     wake: Notify,
     /// Server sessions the manager closed, and when: the locks registered on them before then
@@ -60,6 +63,7 @@ impl Monitor {
             probe,
             options: options.clone().application_name(name),
             running: AtomicBool::new(false),
+            used: AtomicBool::new(false),
             wake: Notify::new(),
             closed: Mutex::new(Vec::new()),
         })
@@ -68,6 +72,7 @@ impl Monitor {
     /// Starts watching `table` unless already watching (or detection is off).
     pub(crate) fn ensure_running<T: LockTable>(self: &Arc<Self>, table: Weak<T>) {
         let Some(probe) = self.probe else { return };
+        self.used.store(true, Ordering::SeqCst);
         if self.running.swap(true, Ordering::SeqCst) {
             return;
         }
@@ -139,6 +144,10 @@ async fn run<T: LockTable>(monitor: Weak<Monitor>, table: Weak<T>, probe: Probe)
         let Some(table) = table.upgrade() else { break };
         let watched = table.watched().await;
         let closed = this.take_closed();
+        if this.used.swap(false, Ordering::SeqCst) {
+            // Locks came (and maybe went) since the last tick: not idle.
+            idle_ticks = 0;
+        }
         if watched.is_empty() && idle_ticks < IDLE_TICKS {
             idle_ticks += 1;
             due = Instant::now() + probe.interval;
