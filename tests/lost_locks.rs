@@ -378,6 +378,44 @@ async fn the_monitor_has_its_own_named_connection_only_while_locks_are_held() {
 }
 
 #[tokio::test]
+async fn a_probe_that_fails_once_loses_nothing() {
+    // A failed probe (here: its connection ended) leaves the locks unknown, not lost: only
+    // locks unconfirmed for interval + grace are declared lost, and the next probe, on a new
+    // connection, confirms these.
+    let observer = observer().await;
+    let app = app_name("probe-fails-once");
+    let locks = PostgresLockManager::builder(pool_named(2, &app).await)
+        .probe_interval(Duration::from_millis(100))
+        .probe_grace(Duration::from_secs(5))
+        .build();
+    let monitor = format!("{app}:pglock-monitor");
+    let guard = locks
+        .acquire(&key("probe-fails-once"), None)
+        .await
+        .expect("acquire");
+    common::eventually("the monitor connects", || async {
+        common::sessions_of(&observer, &monitor).await.len() == 1
+    })
+    .await;
+    let first = common::sessions_of(&observer, &monitor).await[0].pid;
+    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(first)
+        .fetch_one(&observer)
+        .await
+        .expect("end the monitor's connection");
+    assert!(terminated);
+    common::eventually("the monitor reconnects after its failed probe", || async {
+        common::sessions_of(&observer, &monitor)
+            .await
+            .iter()
+            .any(|session| session.pid != first)
+    })
+    .await;
+    assert!(!guard.is_lost(), "declared lost on one failed probe");
+    assert!(guard.release().await.expect("release"));
+}
+
+#[tokio::test]
 async fn a_lock_taken_again_and_again_keeps_one_monitor_connection() {
     // The monitor stays for five idle probe intervals: a workload that takes and releases a
     // lock over and over, with gaps shorter than that, keeps one monitor connection instead of
