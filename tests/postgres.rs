@@ -862,3 +862,39 @@ async fn a_wait_handed_a_pooled_connection_that_died_goes_on_another() {
         .expect("the wait that met a dead connection went on on another one");
     assert!(guard.release().await.expect("release"));
 }
+
+#[tokio::test]
+async fn a_kept_wait_connection_goes_back_to_the_pool_after_its_ttl() {
+    // A wait's connection is kept for a moment after its release (the next contended wait
+    // saves a checkout), then given back to the pool: never kept for good.
+    let observer = observer().await;
+    let app = app_name("kept-wait");
+    let pool = pool_named(4, &app).await;
+    let locks = common::manager_for(pool.clone(), &app)
+        .idle_sessions(2, Duration::from_millis(100))
+        .session_idle_timeout(Duration::from_secs(60))
+        .build();
+    let key = key("kept-wait");
+    let holder = PostgresLockManager::new(pool_named(2, &app_name("kept-wait-holder")).await);
+    let held = holder
+        .acquire(&key, Some(Duration::from_secs(10)))
+        .await
+        .expect("acquire elsewhere");
+    let waiting = tokio::spawn({
+        let (locks, key) = (locks.clone(), key.clone());
+        async move { locks.acquire(&key, Some(Duration::from_secs(20))).await }
+    });
+    eventually_waiting("the manager waits on the server", &observer, &key).await;
+    assert!(held.release().await.expect("release"));
+    let guard = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("the wait ends")
+        .expect("join")
+        .expect("granted");
+    assert!(guard.release().await.expect("release"));
+    // Only the lock session stays checked out; the wait's connection is back in the pool.
+    eventually("the kept wait connection is given back", || async {
+        locks.lock_session_count() == 1 && pool.size() as usize - pool.num_idle() == 1
+    })
+    .await;
+}
