@@ -843,24 +843,34 @@ async fn a_wait_handed_a_pooled_connection_that_died_goes_on_another() {
     })
     .await;
 
-    let key = key("dead-pooled-wait");
-    let holder = PostgresLockManager::new(pool_named(2, &app_name("dead-pooled-holder")).await);
+    let guard = won_by_waiting(&locks, &observer, &key("dead-pooled-wait"))
+        .await
+        .expect("the wait that met a dead connection went on on another one");
+    assert!(guard.release().await.expect("release"));
+}
+
+/// Has `locks` take `key` the contended way: another manager holds it until `locks` waits for
+/// it on the server, then lets it go.
+async fn won_by_waiting(
+    locks: &PostgresLockManager,
+    observer: &sqlx::PgPool,
+    key: &str,
+) -> pglock::Result<pglock::LockGuard> {
+    let holder = PostgresLockManager::new(pool_named(2, &app_name("contending-holder")).await);
     let held = holder
-        .acquire(&key, Some(Duration::from_secs(10)))
+        .acquire(key, Some(Duration::from_secs(10)))
         .await
         .expect("acquire elsewhere");
     let waiting = tokio::spawn({
-        let (locks, key) = (locks.clone(), key.clone());
+        let (locks, key) = (locks.clone(), key.to_owned());
         async move { locks.acquire(&key, Some(Duration::from_secs(20))).await }
     });
-    eventually_waiting("the manager waits on the server", &observer, &key).await;
+    eventually_waiting("the manager waits on the server", observer, key).await;
     assert!(held.release().await.expect("release"));
-    let guard = tokio::time::timeout(Duration::from_secs(30), waiting)
+    tokio::time::timeout(Duration::from_secs(30), waiting)
         .await
         .expect("the wait ends")
         .expect("join")
-        .expect("the wait that met a dead connection went on on another one");
-    assert!(guard.release().await.expect("release"));
 }
 
 #[tokio::test]
@@ -874,22 +884,8 @@ async fn a_kept_wait_connection_goes_back_to_the_pool_after_its_ttl() {
         .idle_sessions(2, Duration::from_millis(100))
         .session_idle_timeout(Duration::from_secs(60))
         .build();
-    let key = key("kept-wait");
-    let holder = PostgresLockManager::new(pool_named(2, &app_name("kept-wait-holder")).await);
-    let held = holder
-        .acquire(&key, Some(Duration::from_secs(10)))
+    let guard = won_by_waiting(&locks, &observer, &key("kept-wait"))
         .await
-        .expect("acquire elsewhere");
-    let waiting = tokio::spawn({
-        let (locks, key) = (locks.clone(), key.clone());
-        async move { locks.acquire(&key, Some(Duration::from_secs(20))).await }
-    });
-    eventually_waiting("the manager waits on the server", &observer, &key).await;
-    assert!(held.release().await.expect("release"));
-    let guard = tokio::time::timeout(Duration::from_secs(30), waiting)
-        .await
-        .expect("the wait ends")
-        .expect("join")
         .expect("granted");
     assert!(guard.release().await.expect("release"));
     // Only the lock session stays checked out; the wait's connection is back in the pool.
