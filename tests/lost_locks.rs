@@ -354,6 +354,17 @@ async fn detection_can_be_switched_off() {
     assert!(matches!(err, Error::ReleaseFailed { .. }), "{err:?}");
 }
 
+/// Waits (bounded) until the monitor of the pool named `app` has one connection, and returns
+/// its server pid.
+async fn monitor_pid(observer: &sqlx::PgPool, app: &str) -> i32 {
+    let monitor = format!("{app}:pglock-monitor");
+    common::eventually("the monitor connects", || async {
+        common::sessions_of(observer, &monitor).await.len() == 1
+    })
+    .await;
+    common::sessions_of(observer, &monitor).await[0].pid
+}
+
 #[tokio::test]
 async fn the_monitor_has_its_own_named_connection_only_while_locks_are_held() {
     let observer = observer().await;
@@ -366,10 +377,7 @@ async fn the_monitor_has_its_own_named_connection_only_while_locks_are_held() {
         .acquire(&key("monitor-name"), None)
         .await
         .expect("acquire");
-    common::eventually("the monitor connects", || async {
-        common::sessions_of(&observer, &monitor).await.len() == 1
-    })
-    .await;
+    monitor_pid(&observer, &app).await;
     assert!(guard.release().await.expect("release"));
     common::eventually("the monitor disconnects once nothing is held", || async {
         common::sessions_of(&observer, &monitor).await.is_empty()
@@ -393,11 +401,7 @@ async fn a_probe_that_fails_once_loses_nothing() {
         .acquire(&key("probe-fails-once"), None)
         .await
         .expect("acquire");
-    common::eventually("the monitor connects", || async {
-        common::sessions_of(&observer, &monitor).await.len() == 1
-    })
-    .await;
-    let first = common::sessions_of(&observer, &monitor).await[0].pid;
+    let first = monitor_pid(&observer, &app).await;
     let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
         .bind(first)
         .fetch_one(&observer)
@@ -426,23 +430,13 @@ async fn a_lock_taken_again_and_again_keeps_one_monitor_connection() {
     let locks = PostgresLockManager::builder(pool_named(2, &app).await)
         .probe_interval(interval)
         .build();
-    let monitor = format!("{app}:pglock-monitor");
     let mut pids = std::collections::HashSet::new();
     for round in 0..12 {
         let guard = locks
             .acquire(&key(&format!("monitor-kept-{round}")), None)
             .await
             .expect("acquire");
-        common::eventually("the monitor is connected", || async {
-            common::sessions_of(&observer, &monitor).await.len() == 1
-        })
-        .await;
-        pids.extend(
-            common::sessions_of(&observer, &monitor)
-                .await
-                .iter()
-                .map(|session| session.pid),
-        );
+        pids.insert(monitor_pid(&observer, &app).await);
         assert!(guard.release().await.expect("release"));
         // Idle for two intervals: the monitor sees nothing held at a tick or two.
         tokio::time::sleep(interval * 2).await;
