@@ -1,85 +1,135 @@
-//! The crate's error type.
+//! The lock error type.
 
 use std::fmt;
 use std::time::Duration;
 
-use crate::LossCause;
+use crate::{LockKey, LossCause};
 
 /// A `Result` whose error is this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Everything that can go wrong in `pglock`.
+/// Why a lock operation failed: the error of every [`LockManager`](crate::LockManager) and
+/// [`TransactionLock`](crate::TransactionLock) operation.
 ///
-/// Variants about one lock carry its key, so a log line alone says which lock failed;
-/// [`Error::key`] returns it when there is one.
-/// The enum is `#[non_exhaustive]`: match the variants you handle and keep a fallback arm.
+/// Every variant concerns one lock and carries its key ([`Error::key`]), so a log line alone
+/// says which lock failed. The recipes built on locks have errors of their own that wrap this
+/// one ([`leader::Error`](crate::leader::Error), [`schedule::Error`](crate::schedule::Error),
+/// [`fence::Error`](crate::fence::Error)), so a caller of `acquire` matches lock failures
+/// only. The enum is `#[non_exhaustive]`: match the variants you handle and keep a fallback
+/// arm.
 ///
 /// # What to do about each
 ///
 /// | variant | meaning | typical reaction |
 /// | --- | --- | --- |
-/// | [`AcquisitionFailed`](Error::AcquisitionFailed) with [`AcquireFailure::Timeout`] | someone else held the lock until the deadline | skip this round, or retry later |
-/// | [`AcquisitionFailed`](Error::AcquisitionFailed) with [`AcquireFailure::Database`] | the server refused the statement | inspect the message; often a server-side `lock_timeout` or `statement_timeout` |
-/// | [`PoolExhausted`](Error::PoolExhausted) | every pooled connection was busy until the deadline | give the lock manager room in the pool (see the manager's pool sizing), or a pool of its own |
+/// | [`Timeout`](Error::Timeout) | the caller's deadline passed, at whatever stage the acquisition was (the local queue, getting a connection, the server's queue) | skip this round, or retry later |
+/// | [`Reentrant`](Error::Reentrant) | the caller asked for a key inside its own critical section for that key | pass the [`LockInfo`](crate::LockInfo) down instead of locking again |
+/// | [`BudgetExhausted`](Error::BudgetExhausted) | the manager holds as many locks as its budget allows; nothing was asked of the server | release locks, or raise the budget on purpose (see the manager's docs) |
+/// | [`LockTableFull`](Error::LockTableFull) | the server's shared lock table is full (SQLSTATE 53200) | every session of the database is short of locks: release some, lower budgets, or raise `max_locks_per_transaction` |
+/// | [`PoolExhausted`](Error::PoolExhausted) | with no deadline, every pooled connection stayed busy for the pool's `acquire_timeout` | give the lock manager room in the pool, or a pool of its own |
 /// | [`PoolClosed`](Error::PoolClosed) | the pool was closed | the application is shutting down |
 /// | [`TooManyConnections`](Error::TooManyConnections) | the server refused a new connection: too many clients | lower the pools' sizes, or raise the server's `max_connections` |
-/// | [`TransactionPooling`](Error::TransactionPooling) | the pool goes through a transaction-pooling proxy | connect the lock pool directly or in session mode, or use transaction-scoped locks |
+/// | [`PermissionDenied`](Error::PermissionDenied) | the role lacks a privilege on a table pglock uses | grant it (the error names the object and the privilege), or create the table in your migrations |
+/// | [`TransactionPooling`](Error::TransactionPooling) | the pool goes through a transaction-pooling proxy | connect the lock pool directly or in session mode, or use [`TransactionLock`](crate::TransactionLock) |
 /// | [`Standby`](Error::Standby) | the pool points at a standby | point the lock pool at the primary |
 /// | [`NotInTransaction`](Error::NotInTransaction) | a [`TransactionLock`](crate::TransactionLock) on a connection in autocommit | begin a transaction and lock on it |
+/// | [`Database`](Error::Database) | the server refused the lock statement | inspect the message; often a server-side `statement_timeout` |
 /// | [`Connection`](Error::Connection) | no session could be opened or it broke | the database is unreachable; retry with backoff |
-/// | [`Reentrant`](Error::Reentrant) | the calling task already holds the key | release it first; only other tasks queue for a held key |
 /// | [`NotHeld`](Error::NotHeld) | `release` of a key this manager does not hold | a bookkeeping bug in the caller, or the lock was already released |
 /// | [`ReleaseFailed`](Error::ReleaseFailed) | the server did not confirm the unlock | nothing to undo: the session was closed, which frees the lock on the server |
-/// | [`LockLost`](Error::LockLost) | the lock was lost while held | work done under it may have overlapped another holder's; stop, and re-check before acting on its results (fencing tokens make this safe) |
-/// | [`StaleFencingToken`](Error::StaleFencingToken) | a newer lock holder has claimed the row | stop: this holder's lock is gone; do not count the work as done |
-/// | [`FenceNotRaised`](Error::FenceNotRaised), [`FencedRowNotFound`](Error::FencedRowNotFound) | a write without its raise, or a missing row | a bug in the caller, or the row was never created |
-/// | [`FencingFailed`](Error::FencingFailed) | a fenced-row statement failed | inspect the message (a wrong column, a lost connection); retry if transient |
-/// | [`InspectionFailed`](Error::InspectionFailed) | [`inspect`](crate::inspect) could not read the server's lock views | the database is unreachable, or the query was refused; retry later |
-/// | [`InvalidIdentifier`](Error::InvalidIdentifier) | a configured table, schema or column name is unusable | fix the configuration |
-/// | [`ElectionStopped`](Error::ElectionStopped) | a [`LeaderElection`](crate::LeaderElection) was asked to lead after it stopped | start a new election |
-/// | [`InvalidSchedule`](Error::InvalidSchedule) | a scheduled job's settings cannot work | fix the configuration |
-/// | [`JobStorage`](Error::JobStorage) | a scheduled job's table could not be created, read or written | the database is unreachable or refused; the next tick tries again |
-/// | [`JobOverran`](Error::JobOverran) | a scheduled job's body outlived its max hold and was cut off | raise the max hold, or make the job shorter; the window may run again |
+/// | [`LockLost`](Error::LockLost) | the lock went while held: lost, or released through the manager | work done under it may have overlapped another holder's; stop, and re-check before acting on its results (fencing tokens make this safe) |
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The lock was not acquired: the deadline passed first, or the database refused.
+    /// The caller's deadline passed before the lock was granted.
     ///
-    /// Displays as `Failed to acquire lock '{key}': {reason}`, with the reasons of the Python
-    /// original: `Timeout after {t}s` and `Database error: {e}`.
-    #[error("Failed to acquire lock '{key}': {reason}")]
-    AcquisitionFailed {
+    /// The deadline covers the whole acquisition: waiting for this manager's own turn on the
+    /// key, getting a connection, and waiting in the server's queue. Whatever stage it ran out
+    /// in, the caller gets this error. A zero timeout makes one attempt and fails with this
+    /// error when the key is held.
+    ///
+    /// Displays as the Python original does: `Failed to acquire lock '{key}': Timeout after
+    /// {t}s`, with `t` written as Python writes a float (`0.5`, `1.0`, `0.05`).
+    #[error("Failed to acquire lock '{key}': Timeout after {}s", python_float(.timeout))]
+    Timeout {
         /// The key that was requested.
-        key: String,
-        /// Why the lock was not acquired.
-        reason: AcquireFailure,
-        /// The timeout the caller asked for, if any.
-        timeout: Option<Duration>,
-        /// The driver error behind a [`AcquireFailure::Database`] reason.
-        #[source]
-        source: Option<sqlx::Error>,
+        key: LockKey,
+        /// The timeout the caller asked for.
+        timeout: Duration,
     },
 
-    /// The calling task asked for a key it holds already, which would wait for itself forever.
+    /// The key was asked for inside the caller's own critical section for it: within the
+    /// body of [`with_lock`](crate::LockManagerExt::with_lock) or
+    /// [`LockGuard::run`](crate::LockGuard::run) on the same key and the same holder. Waiting
+    /// would wait for itself forever, so the call fails at once.
     ///
-    /// Release the lock first, or pass the guard's [`LockInfo`](crate::LockInfo) to the code
-    /// that needs it. Other tasks asking for the key wait, within their deadline, as usual.
-    #[error("Lock '{key}' is already held by this task; waiting for it would never end")]
+    /// Sibling futures of one task (`join!`, `select!`, `for_each_concurrent`, ...) are not
+    /// nested: they queue for the key like any other caller.
+    #[error("Lock '{key}' is already held by the calling critical section; waiting for it would never end")]
     Reentrant {
         /// The key that was requested.
-        key: String,
+        key: LockKey,
     },
 
     /// A release named a key this manager does not hold.
     ///
-    /// Displays as `Lock '{key}' is not held by this session`.
+    /// Displays as the Python original does: `Lock '{key}' is not held by this session`.
     #[error("Lock '{key}' is not held by this session")]
     NotHeld {
         /// The key that was named.
-        key: String,
+        key: LockKey,
     },
 
-    /// Every connection of the pool stayed checked out until the deadline.
+    /// The lock went while it was held: the manager declared it lost, or it was released
+    /// through the manager ([`release`](crate::LockManagerExt::release),
+    /// [`release_all`](crate::LockManager::release_all)) rather than through its guard.
+    ///
+    /// Returned by the release of such a lock, and by
+    /// [`with_lock`](crate::LockManagerExt::with_lock) and [`LockGuard::run`](crate::LockGuard::run)
+    /// when it cut their body short. The [`cause`](LossCause) says which.
+    #[error("Lock '{key}' was lost: {cause}")]
+    LockLost {
+        /// The key of the lost lock.
+        key: LockKey,
+        /// Why the lock went.
+        cause: LossCause,
+    },
+
+    /// The manager already holds as many locks as its budget allows, so it refused to take
+    /// another before asking the server.
+    ///
+    /// The budget keeps one manager from filling the server's shared lock table, which every
+    /// session of the database needs (see
+    /// [`PostgresLockManagerBuilder::lock_budget`](crate::PostgresLockManagerBuilder::lock_budget)).
+    #[error(
+        "Failed to acquire lock '{key}': this manager holds {held} locks, its budget; \
+         release some, or raise the budget on purpose"
+    )]
+    BudgetExhausted {
+        /// The key that was requested.
+        key: LockKey,
+        /// Locks the manager held (or was taking) when it refused.
+        held: usize,
+        /// The manager's budget.
+        budget: usize,
+    },
+
+    /// The server's shared lock table is full (SQLSTATE 53200, "out of shared memory"). It is
+    /// shared by every session of the database, so other clients are short of locks too.
+    #[error(
+        "Failed to acquire lock '{key}': the server's shared lock table is full \
+         (max_locks_per_transaction); {source}"
+    )]
+    LockTableFull {
+        /// The key that was requested.
+        key: LockKey,
+        /// The server's error.
+        #[source]
+        source: sqlx::Error,
+    },
+
+    /// With no deadline of the caller's, every connection of the pool stayed checked out for
+    /// the pool's `acquire_timeout`, which bounds getting a connection then.
     ///
     /// A manager needs a few connections of its pool: its lock sessions, and one per key it
     /// waits for on the server (see the manager's documentation on pool sizing).
@@ -89,7 +139,7 @@ pub enum Error {
     )]
     PoolExhausted {
         /// The key that was requested.
-        key: String,
+        key: LockKey,
         /// The pool's `max_connections`.
         max_connections: u32,
         /// How long the checkout waited before giving up.
@@ -100,43 +150,56 @@ pub enum Error {
     #[error("Failed to acquire lock '{key}': the connection pool is closed")]
     PoolClosed {
         /// The key that was requested.
-        key: String,
+        key: LockKey,
     },
 
     /// The server refused a new connection because it serves as many clients as it allows
     /// (SQLSTATE 53300, `max_connections`).
-    ///
-    /// Every pool of every process counts against that limit: lower the pools' sizes, or raise
-    /// the server's `max_connections`.
     #[error("Failed to acquire lock '{key}': the server refused a new connection: {reason}")]
     TooManyConnections {
         /// The key that was requested.
-        key: String,
+        key: LockKey,
         /// The server's message.
         reason: String,
+    },
+
+    /// The role lacks a privilege that a table pglock uses needs (SQLSTATE 42501), or may not
+    /// create it where it is missing. Nothing was taken.
+    ///
+    /// Create the table in your own migrations and grant the privilege named here; each
+    /// table's documentation lists the exact grants.
+    #[error(
+        "Failed to acquire lock '{key}': permission denied: the role needs {privilege} on \
+         {object}"
+    )]
+    PermissionDenied {
+        /// The key that was requested.
+        key: LockKey,
+        /// The object, such as `table "pglock_fencing_tokens"` or `schema "public"`.
+        object: String,
+        /// The privilege, such as `INSERT, UPDATE` or `CREATE`.
+        privilege: String,
+        /// The server's error, when it reported one.
+        #[source]
+        source: Option<sqlx::Error>,
     },
 
     /// The server is a standby (in recovery) and the manager refuses to take locks there.
     ///
     /// Advisory locks are not replicated: a lock granted by a standby excludes nothing on the
-    /// primary or on other standbys, so two holders could both believe they hold the key. Point
-    /// the lock manager's pool at the primary (a read-write endpoint).
+    /// primary or on other standbys. Point the lock manager's pool at the primary.
     #[error(
         "Failed to acquire lock '{key}': the server is a standby (in recovery); advisory locks \
          taken there exclude nothing on the primary. Point the lock pool at the primary."
     )]
     Standby {
         /// The key that was requested.
-        key: String,
+        key: LockKey,
     },
 
     /// The pool's connections go through a transaction-pooling proxy (such as PgBouncer with
     /// `pool_mode = transaction`): consecutive statements of one connection ran on different
     /// server sessions. Nothing was taken.
-    ///
-    /// A session advisory lock belongs to the server session that took it, so it cannot work
-    /// through such a proxy. Point the lock manager's pool at PostgreSQL directly or at a
-    /// session-pooling proxy, or use transaction-scoped locks on your own transactions.
     #[error(
         "Failed to acquire lock '{key}': the connection's statements run on different server \
          sessions (a transaction-pooling proxy such as PgBouncer in transaction mode); session \
@@ -145,26 +208,38 @@ pub enum Error {
     )]
     TransactionPooling {
         /// The key that was requested.
-        key: String,
+        key: LockKey,
     },
 
     /// A [`TransactionLock`](crate::TransactionLock) was asked of a connection that is not in a
-    /// transaction block. In autocommit, a transaction-scoped lock would be released as soon
-    /// as it was granted, so nothing was locked.
+    /// transaction block, where the lock would be released as soon as it was granted.
     #[error(
         "Failed to acquire lock '{key}': the connection is not in a transaction, where a \
          transaction lock would be released at once. Begin a transaction and lock on it."
     )]
     NotInTransaction {
         /// The key that was requested.
-        key: String,
+        key: LockKey,
+    },
+
+    /// The server refused the lock statement; the session goes on.
+    ///
+    /// Displays as the Python original does: `Failed to acquire lock '{key}': Database error:
+    /// {message}`.
+    #[error("Failed to acquire lock '{key}': Database error: {source}")]
+    Database {
+        /// The key that was requested.
+        key: LockKey,
+        /// The server's error.
+        #[source]
+        source: sqlx::Error,
     },
 
     /// No database session could be opened, or the session broke mid-operation.
     #[error("Failed to acquire lock '{key}': connection failed: {reason}")]
     Connection {
         /// The key that was requested.
-        key: String,
+        key: LockKey,
         /// A one-line description.
         reason: String,
         /// The driver error, when one was reported.
@@ -180,228 +255,46 @@ pub enum Error {
     #[error("Failed to release lock '{key}': {reason}")]
     ReleaseFailed {
         /// The key that was being released.
-        key: String,
+        key: LockKey,
         /// Why the release is unconfirmed.
         reason: ReleaseFailure,
         /// The driver error, when one was reported.
         #[source]
         source: Option<sqlx::Error>,
     },
-
-    /// A configured SQL identifier (a fencing table or schema name) is not usable.
-    #[error("Invalid identifier {name:?}: {reason}")]
-    InvalidIdentifier {
-        /// The name as given.
-        name: String,
-        /// What is wrong with it.
-        reason: &'static str,
-    },
-
-    /// A [`RowFence`](crate::RowFence) refused a holder: the row's fence already holds a
-    /// higher fencing token, so a newer holder has claimed the row and this holder's lock is
-    /// gone. Nothing was changed.
-    #[error("Stale fencing token {token} for row {row} of {resource}: its fence is at {fence}")]
-    StaleFencingToken {
-        /// The fenced table.
-        resource: String,
-        /// The row's key, as displayed.
-        row: String,
-        /// The token that was presented.
-        token: i64,
-        /// The higher token the row's fence holds.
-        fence: i64,
-    },
-
-    /// A [`RowFence::write`](crate::RowFence::write) found the row's fence below its token or
-    /// unset: the row was not raised with this token before the write, a bug in the caller.
-    /// Nothing was written.
-    #[error(
-        "Row {row} of {resource} is not fenced with token {token} (its fence is {}): \
-         raise the fence before writing",
-        crate::error::or_unset(.fence)
-    )]
-    FenceNotRaised {
-        /// The fenced table.
-        resource: String,
-        /// The row's key, as displayed.
-        row: String,
-        /// The token that was presented.
-        token: i64,
-        /// The row's fence, `None` when it was never raised.
-        fence: Option<i64>,
-    },
-
-    /// A [`RowFence`](crate::RowFence) found no row with the given key.
-    #[error("No row {row} in fenced table {resource}")]
-    FencedRowNotFound {
-        /// The fenced table.
-        resource: String,
-        /// The key that was looked for, as displayed.
-        row: String,
-    },
-
-    /// A statement of a [`RowFence`](crate::RowFence) failed, or its row did not decode.
-    #[error("Fencing on {resource} failed to {operation}: {source}")]
-    FencingFailed {
-        /// The fenced table.
-        resource: String,
-        /// What was being done, such as `raise the fence`.
-        operation: &'static str,
-        /// The driver error.
-        #[source]
-        source: sqlx::Error,
-    },
-
-    /// The lock was lost while it was held.
-    ///
-    /// Returned by the release of a lock that had been declared lost, and by
-    /// [`LockManagerExt::with_lock`](crate::LockManagerExt::with_lock) when the loss cut its body
-    /// short.
-    #[error("Lock '{key}' was lost: {cause}")]
-    LockLost {
-        /// The key of the lost lock.
-        key: String,
-        /// Why it was declared lost.
-        cause: LossCause,
-    },
-
-    /// A query of [`inspect`](crate::inspect) failed: the server could not be reached, or
-    /// refused it.
-    #[error("Lock inspection failed{}: {source}", for_key(.key))]
-    InspectionFailed {
-        /// The key that was inspected, when one was.
-        key: Option<String>,
-        /// The driver error.
-        #[source]
-        source: sqlx::Error,
-    },
-
-    /// A [`ScheduledJob`](crate::schedule::ScheduledJob) was configured with settings that
-    /// cannot work (see [`build`](crate::schedule::ScheduledJobBuilder::build)).
-    #[error("Invalid schedule for job '{job}': {reason}")]
-    InvalidSchedule {
-        /// The job's name, as given.
-        job: String,
-        /// What is wrong, with the values involved.
-        reason: String,
-    },
-
-    /// A scheduled job's table could not be created, read or written.
-    #[error("Scheduled job '{job}' could not {operation}: {source}")]
-    JobStorage {
-        /// The job's name.
-        job: String,
-        /// What was being done, such as `claim a window`.
-        operation: &'static str,
-        /// The driver error.
-        #[source]
-        source: sqlx::Error,
-    },
-
-    /// A scheduled job's body ran for its whole max hold and was cut off (its future
-    /// dropped). The window did not complete and may run again.
-    #[error("Scheduled job '{job}' was cut off after its max hold of {max_hold:?}")]
-    JobOverran {
-        /// The job's name.
-        job: String,
-        /// The max hold it ran for.
-        max_hold: Duration,
-    },
-
-    /// A [`LeaderElection`](crate::LeaderElection) was asked to lead after it stopped
-    /// campaigning, or stopped while its leader work ran: it resigned, or its campaign ended
-    /// with the runtime.
-    #[error("Leader election on '{key}' has stopped campaigning")]
-    ElectionStopped {
-        /// The election's lock key, `leader:{name}`.
-        key: String,
-    },
 }
 
 impl Error {
-    /// The lock key this error concerns: every variant about one lock has one. The variants
-    /// about a configuration, a fenced row or a scheduled job's record
-    /// ([`InvalidIdentifier`](Error::InvalidIdentifier), the fencing and the job variants)
-    /// have none, and [`InspectionFailed`](Error::InspectionFailed) one when a single key was
-    /// inspected.
-    pub fn key(&self) -> Option<&str> {
+    /// The key of the lock this error concerns.
+    pub fn key(&self) -> &LockKey {
         match self {
-            Error::AcquisitionFailed { key, .. }
-            | Error::NotHeld { key }
+            Error::Timeout { key, .. }
             | Error::Reentrant { key }
+            | Error::NotHeld { key }
+            | Error::LockLost { key, .. }
+            | Error::BudgetExhausted { key, .. }
+            | Error::LockTableFull { key, .. }
             | Error::PoolExhausted { key, .. }
             | Error::PoolClosed { key }
             | Error::TooManyConnections { key, .. }
+            | Error::PermissionDenied { key, .. }
             | Error::Standby { key }
             | Error::TransactionPooling { key }
             | Error::NotInTransaction { key }
+            | Error::Database { key, .. }
             | Error::Connection { key, .. }
-            | Error::ReleaseFailed { key, .. }
-            | Error::LockLost { key, .. }
-            | Error::ElectionStopped { key } => Some(key),
-            Error::InvalidIdentifier { .. }
-            | Error::StaleFencingToken { .. }
-            | Error::FenceNotRaised { .. }
-            | Error::FencedRowNotFound { .. }
-            | Error::FencingFailed { .. }
-            | Error::InvalidSchedule { .. }
-            | Error::JobStorage { .. }
-            | Error::JobOverran { .. } => None,
-            Error::InspectionFailed { key, .. } => key.as_deref(),
+            | Error::ReleaseFailed { key, .. } => key,
         }
     }
 
-    /// True when the error is an acquisition that ran out of time waiting for another holder.
+    /// True for [`Error::Timeout`]: the deadline passed while the lock was busy.
     pub fn is_timeout(&self) -> bool {
-        matches!(
-            self,
-            Error::AcquisitionFailed {
-                reason: AcquireFailure::Timeout(_),
-                ..
-            }
-        )
+        matches!(self, Error::Timeout { .. })
     }
 
-    pub(crate) fn timeout(key: &str, timeout: Duration) -> Self {
-        Error::AcquisitionFailed {
-            key: key.to_owned(),
-            reason: AcquireFailure::Timeout(timeout),
-            timeout: Some(timeout),
-            source: None,
-        }
-    }
-
-    pub(crate) fn database(key: &str, timeout: Option<Duration>, source: sqlx::Error) -> Self {
-        Error::AcquisitionFailed {
-            key: key.to_owned(),
-            reason: AcquireFailure::Database(source.to_string()),
-            timeout,
-            source: Some(source),
-        }
-    }
-}
-
-/// Why an acquisition failed; the `reason` of [`Error::AcquisitionFailed`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum AcquireFailure {
-    /// The deadline passed while another holder kept the lock. Carries the requested timeout.
-    ///
-    /// Displays as `Timeout after {t}s`, with `t` written the way Python writes a float
-    /// (`0.5`, `1.0`, `0.05`), so log lines match the Python original's.
-    Timeout(Duration),
-    /// The database reported an error. Carries the driver's message.
-    ///
-    /// Displays as `Database error: {message}`.
-    Database(String),
-}
-
-impl fmt::Display for AcquireFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            AcquireFailure::Timeout(t) => write!(f, "Timeout after {}s", python_float(t)),
-            AcquireFailure::Database(message) => write!(f, "Database error: {message}"),
-        }
+    /// True for [`Error::LockLost`]: the lock went while it was held.
+    pub fn is_lost(&self) -> bool {
+        matches!(self, Error::LockLost { .. })
     }
 }
 
@@ -443,21 +336,57 @@ impl fmt::Display for ReleaseFailure {
     }
 }
 
-/// A fence for error messages: its token, or `unset`.
-fn or_unset(fence: &Option<i64>) -> String {
-    fence.map_or_else(|| "unset".to_owned(), |fence| fence.to_string())
+/// A configured SQL name (a table, schema or column) that cannot be used.
+///
+/// Returned by the constructors that take names: [`FencingTable::new`](crate::FencingTable::new),
+/// [`RowFence::new`](crate::fence::RowFence::new) and the scheduled jobs' table. Names are
+/// quoted as identifiers, so any character but NUL is allowed; what is refused is an empty
+/// part, a part longer than PostgreSQL's 63 bytes, or more parts than `schema.table`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Invalid identifier {name:?}: {reason}")]
+pub struct InvalidIdentifier {
+    /// The name as given.
+    pub name: String,
+    /// What is wrong with it.
+    pub reason: &'static str,
 }
 
-/// ` for '{key}'`, or nothing.
-fn for_key(key: &Option<String>) -> String {
-    key.as_ref()
-        .map(|key| format!(" for '{key}'"))
-        .unwrap_or_default()
+/// Quotes `name` as an SQL identifier; with `qualified`, `schema.table` is two identifiers.
+pub(crate) fn quote_identifier(
+    name: &str,
+    qualified: bool,
+) -> std::result::Result<String, InvalidIdentifier> {
+    let invalid = |reason: &'static str| InvalidIdentifier {
+        name: name.to_owned(),
+        reason,
+    };
+    let parts: Vec<&str> = if qualified {
+        name.split('.').collect()
+    } else {
+        vec![name]
+    };
+    if parts.len() > 2 {
+        return Err(invalid("expected `table` or `schema.table`"));
+    }
+    let mut quoted = Vec::with_capacity(parts.len());
+    for part in parts {
+        if part.is_empty() {
+            return Err(invalid("an empty name part"));
+        }
+        if part.len() > 63 {
+            return Err(invalid("a name part longer than 63 bytes"));
+        }
+        if part.contains('\0') {
+            return Err(invalid("a NUL byte"));
+        }
+        quoted.push(format!("\"{}\"", part.replace('"', "\"\"")));
+    }
+    Ok(quoted.join("."))
 }
 
 /// Formats seconds the way Python's `repr(float)` does: shortest round-trip digits, always a
 /// decimal point, and exponent notation (with a two-digit exponent) outside `1e-4 ..= 1e16`.
-fn python_float(duration: &Duration) -> String {
+pub(crate) fn python_float(duration: &Duration) -> String {
     let secs = duration.as_secs_f64();
     if secs != 0.0 && !(1e-4..1e16).contains(&secs) {
         // Rust writes `5e-8`; Python writes `5e-08`.
@@ -499,21 +428,31 @@ mod tests {
 
     #[test]
     fn messages_match_the_python_original() {
-        let err = Error::timeout("cutover:t1", Duration::from_millis(500));
+        let err = Error::Timeout {
+            key: "cutover:t1".into(),
+            timeout: Duration::from_millis(500),
+        };
         assert_eq!(
             err.to_string(),
             "Failed to acquire lock 'cutover:t1': Timeout after 0.5s"
         );
         assert!(err.is_timeout());
-        assert_eq!(err.key(), Some("cutover:t1"));
+        assert_eq!(err.key(), "cutover:t1");
         let err = Error::NotHeld { key: "k".into() };
         assert_eq!(err.to_string(), "Lock 'k' is not held by this session");
-        let err = Error::InvalidIdentifier {
-            name: String::new(),
-            reason: "it is empty",
-        };
-        assert_eq!(err.key(), None, "a configuration error concerns no lock");
-        let reason = AcquireFailure::Database("boom".into());
-        assert_eq!(reason.to_string(), "Database error: boom");
+    }
+
+    #[test]
+    fn identifiers_are_validated_and_quoted() {
+        assert_eq!(
+            quote_identifier(r#"we"ird; DROP TABLE x"#, true).unwrap(),
+            r#""we""ird; DROP TABLE x""#
+        );
+        assert_eq!(quote_identifier("s.t", true).unwrap(), r#""s"."t""#);
+        assert_eq!(quote_identifier("s.t", false).unwrap(), r#""s.t""#);
+        for bad in ["", "a.", ".b", "a.b.c", "nul\0", &"x".repeat(64)] {
+            assert!(quote_identifier(bad, true).is_err(), "{bad:?}");
+        }
+        assert!(quote_identifier(&"x".repeat(63), true).is_ok());
     }
 }

@@ -1,68 +1,111 @@
-//! Conveniences built on the [`LockManager`] port, available on every implementation.
+//! The caller's API, written once on top of the [`LockManager`] port.
 
 use std::future::Future;
 use std::time::Duration;
 
+use crate::manager::{AcquireOptions, Wait};
 use crate::{Error, LockGuard, LockInfo, LockKey, LockManager, LockMode, Result};
 
-/// Conveniences for every [`LockManager`], including `dyn LockManager`.
+/// Taking and releasing locks: the methods callers use, on every [`LockManager`] including
+/// `dyn LockManager`.
 ///
-/// Import it next to the trait: `use pglock::{LockManager, LockManagerExt};`. Every method takes
-/// any key: a string (the frozen name derivation), an `i64`, an `(i32, i32)` pair or a
-/// [`LockKey`].
+/// Import it next to the trait (`use pglock::{LockManager, LockManagerExt};`, or
+/// `use pglock::prelude::*;`). Every method that takes a key takes any kind of key: a string
+/// (hashed with the frozen [`lock_id`](crate::lock_id) derivation), an `i64`, an `(i32, i32)`
+/// pair or a [`LockKey`].
 ///
 /// | method | waits | hands back |
 /// | --- | --- | --- |
-/// | [`lock`](Self::lock), [`lock_shared`](Self::lock_shared) | until the deadline | a [`LockGuard`] |
-/// | [`try_lock`](Self::try_lock), [`try_lock_shared`](Self::try_lock_shared) | never | `Some(LockGuard)`, or `None` when held |
 /// | [`with_lock`](Self::with_lock), [`with_lock_shared`](Self::with_lock_shared) | until the deadline | the body's value; the lock is released on every path |
-/// | [`try_with_lock`](Self::try_with_lock) | never | `Some(value)`, or `None` (body skipped) when held |
+/// | [`try_with_lock`](Self::try_with_lock), [`try_with_lock_shared`](Self::try_with_lock_shared) | never | `Some(value)`, or `None` (body skipped) when held |
+/// | [`acquire`](Self::acquire), [`acquire_shared`](Self::acquire_shared) | until the deadline | a [`LockGuard`] |
+/// | [`try_acquire`](Self::try_acquire), [`try_acquire_shared`](Self::try_acquire_shared) | never | `Some(LockGuard)`, or `None` when held |
+/// | [`release`](Self::release) | | releases a key's lock, however it was taken |
+/// | [`is_held`](Self::is_held) | | whether this manager holds a key |
+///
+/// # Turns and nesting
+///
+/// Callers of one manager that want the same key take turns, in arrival order, like callers of
+/// a `tokio::sync::Mutex`: separate tasks, and sibling futures of one task alike (`join!`,
+/// `select!`, `for_each_concurrent`, `FuturesUnordered`, `buffer_unordered`). Only a true
+/// nesting fails: asking for a key inside the critical section of the same key (the body of
+/// [`with_lock`](Self::with_lock) or [`LockGuard::run`]) returns [`Error::Reentrant`] at once,
+/// since waiting would wait for itself.
+///
+/// A guard held in a plain variable is not a critical section: asking for its key again from
+/// the same code waits for the guard like any other caller, within the deadline, exactly as a
+/// second `lock()` of a `tokio::sync::Mutex` whose guard is still alive does. Wrap the work in
+/// [`LockGuard::run`] (or use `with_lock`) to have such a mistake refused instead.
+///
+/// # Deadlines
+///
+/// `timeout` is one deadline for the whole call, as [`Wait`] describes: `None` waits as long as
+/// it takes, `Some(t)` at most `t` (ending in [`Error::Timeout`] whatever stage the call was
+/// in), and `Some(Duration::ZERO)` makes exactly one attempt.
 pub trait LockManagerExt: LockManager {
-    /// Waits for the exclusive lock on `key`; [`LockManager::acquire`] for any kind of key.
+    /// Waits for the exclusive lock on `key` and hands back its guard.
     ///
     /// # Errors
     ///
-    /// As for [`LockManager::acquire_key`].
+    /// [`Error::Timeout`] when the deadline passes first; [`Error::Reentrant`] inside a
+    /// critical section on `key`; otherwise the backend's failures (see [`Error`]).
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: if the future is dropped, the lock is either not taken or released.
-    fn lock(
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use pglock::{InMemoryLockManager, LockManagerExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
+    /// let locks = InMemoryLockManager::new();
+    /// let guard = locks.acquire("rebuild:orders", Some(Duration::from_secs(2))).await?;
+    /// assert_eq!(guard.info().key, "rebuild:orders");
+    /// // Another caller waits for the first, here until its deadline.
+    /// let err = locks.acquire("rebuild:orders", Some(Duration::from_millis(10))).await.unwrap_err();
+    /// assert!(err.is_timeout());
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    fn acquire(
         &self,
         key: impl Into<LockKey>,
         timeout: Option<Duration>,
     ) -> impl Future<Output = Result<LockGuard>> + Send {
-        let key = key.into();
-        async move { self.acquire_key(&key, LockMode::Exclusive, timeout).await }
+        acquire(self, key.into(), LockMode::Exclusive, timeout)
     }
 
-    /// Waits for `key` in shared mode; [`LockManager::acquire_shared`] for any kind of key.
+    /// Waits for `key` in shared mode and hands back its guard: shared holders exclude
+    /// exclusive ones, not each other. Otherwise as [`acquire`](Self::acquire).
     ///
     /// # Errors
     ///
-    /// As for [`LockManager::acquire_key`].
+    /// As for [`acquire`](Self::acquire).
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: if the future is dropped, the lock is either not taken or released.
-    fn lock_shared(
+    fn acquire_shared(
         &self,
         key: impl Into<LockKey>,
         timeout: Option<Duration>,
     ) -> impl Future<Output = Result<LockGuard>> + Send {
-        let key = key.into();
-        async move { self.acquire_key(&key, LockMode::Shared, timeout).await }
+        acquire(self, key.into(), LockMode::Shared, timeout)
     }
 
-    /// Takes the exclusive lock on `key` if it is free right now, and hands back a guard:
-    /// `None` when anyone holds it, this manager included.
+    /// Takes the exclusive lock on `key` if it is free right now, without waiting: `None` when
+    /// anyone holds it, this manager included.
     ///
-    /// Unlike [`LockManager::try_acquire`], which keeps the lock in the registry until
-    /// `release(key)`, the guard releases it on every path (see [`LockGuard`]).
+    /// For the Python original's "try, then later `release(key)`", leak the guard into the
+    /// manager's registry: `locks.try_acquire(key).await?.map(LockGuard::leak)`.
     ///
     /// # Errors
     ///
-    /// As for [`LockManager::try_acquire_key`]: failures are errors, never `None`.
+    /// Failures are errors, never `None`; [`Error::Reentrant`] inside a critical section on
+    /// `key`.
     ///
     /// # Cancel safety
     ///
@@ -75,56 +118,81 @@ pub trait LockManagerExt: LockManager {
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
     /// let locks = InMemoryLockManager::new();
-    /// let Some(guard) = locks.try_lock("job:nightly").await? else {
+    /// let Some(guard) = locks.try_acquire("job:nightly").await? else {
     ///     return Ok(()); // another replica runs it
     /// };
-    /// assert!(locks.try_lock("job:nightly").await?.is_none(), "held, even by us");
+    /// assert!(locks.try_acquire("job:nightly").await?.is_none(), "held, even by us");
     /// // ... the job ...
     /// guard.release().await?;
     /// # Ok(()) }
     /// ```
-    fn try_lock(
+    fn try_acquire(
         &self,
         key: impl Into<LockKey>,
     ) -> impl Future<Output = Result<Option<LockGuard>>> + Send {
-        let key = key.into();
-        async move { self.try_acquire_key(&key, LockMode::Exclusive).await }
+        try_acquire(self, key.into(), LockMode::Exclusive)
     }
 
-    /// Takes `key` in shared mode if no one holds it exclusively right now, and hands back a
-    /// guard: `None` when it is held exclusively by anyone, or in any mode by this manager.
+    /// Takes `key` in shared mode if no one holds it exclusively right now, without waiting:
+    /// `None` when it is held exclusively by anyone, or in any mode by this manager.
     ///
     /// # Errors
     ///
-    /// As for [`LockManager::try_acquire_key`].
+    /// As for [`try_acquire`](Self::try_acquire).
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: if the future is dropped, the lock is either not taken or released.
-    fn try_lock_shared(
+    fn try_acquire_shared(
         &self,
         key: impl Into<LockKey>,
     ) -> impl Future<Output = Result<Option<LockGuard>>> + Send {
-        let key = key.into();
-        async move { self.try_acquire_key(&key, LockMode::Shared).await }
+        try_acquire(self, key.into(), LockMode::Shared)
     }
 
-    /// Runs `body` while holding the exclusive lock on `key`, and releases the lock afterwards
-    /// on every path: success, error, panic unwinding, or cancellation of the returned future.
-    ///
-    /// `timeout` bounds the acquisition, as for [`LockManager::acquire`]. The body receives the
-    /// acquisition's [`LockInfo`] (its fencing token included, where the manager mints them).
-    ///
-    /// If the manager declares the lock lost while the body runs, the body is **cancelled** (its
-    /// future is dropped at its next await point) and the call returns
-    /// [`Error::LockLost`]. A body that finishes at the moment the loss is noticed is treated
-    /// as lost too: its work cannot be assumed to have been exclusive.
+    /// Releases this manager's lock on `key`, however it was taken. A guard standing for it is
+    /// told: its loss signal fires with [`LossCause::Released`](crate::LossCause::Released),
+    /// and a [`with_lock`](Self::with_lock) body running under it is cancelled.
     ///
     /// # Errors
     ///
-    /// * the errors of [`LockManager::acquire`], when the lock is not acquired (the body does
+    /// [`Error::NotHeld`] when this manager does not hold `key`;
+    /// [`Error::ReleaseFailed`] when the release could not be confirmed (the registry forgets
+    /// the lock either way).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: once the registry has forgotten the lock, it is released even if the
+    /// future is dropped.
+    fn release(&self, key: impl Into<LockKey>) -> impl Future<Output = Result<()>> + Send {
+        let key = key.into();
+        async move { self.unlock(&key).await }
+    }
+
+    /// True when this manager holds `key`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    fn is_held(&self, key: impl Into<LockKey>) -> impl Future<Output = bool> + Send {
+        let key = key.into();
+        async move { self.holds(&key).await }
+    }
+
+    /// Runs `body` while holding the exclusive lock on `key`, and releases the lock afterwards
+    /// on every path: success, panic unwinding, or cancellation of the returned future.
+    ///
+    /// `timeout` bounds the acquisition, as for [`acquire`](Self::acquire). The body receives
+    /// the acquisition's [`LockInfo`] (its fencing token included, where the manager mints
+    /// them) and runs as a critical section ([`LockGuard::run`]): if the lock goes while it
+    /// runs (lost, or released through the manager) it is cancelled, and asking for `key` again
+    /// inside it fails at once with [`Error::Reentrant`].
+    ///
+    /// # Errors
+    ///
+    /// * the errors of [`acquire`](Self::acquire), when the lock is not acquired (the body does
     ///   not run);
-    /// * [`Error::LockLost`], when the lock is lost before the body finishes or before the
+    /// * [`Error::LockLost`], when the lock goes before the body finishes or before the
     ///   release.
     ///
     /// A release that cannot be confirmed once the body has finished is logged and otherwise
@@ -163,7 +231,11 @@ pub trait LockManagerExt: LockManager {
         Fut: Future<Output = T> + Send,
         T: Send,
     {
-        locked(self, key.into(), LockMode::Exclusive, timeout, body)
+        let key = key.into();
+        async move {
+            let guard = acquire(self, key, LockMode::Exclusive, timeout).await?;
+            run_and_release(guard, body).await
+        }
     }
 
     /// As [`with_lock`](Self::with_lock), holding `key` in shared mode: readers that must not
@@ -187,7 +259,11 @@ pub trait LockManagerExt: LockManager {
         Fut: Future<Output = T> + Send,
         T: Send,
     {
-        locked(self, key.into(), LockMode::Shared, timeout, body)
+        let key = key.into();
+        async move {
+            let guard = acquire(self, key, LockMode::Shared, timeout).await?;
+            run_and_release(guard, body).await
+        }
     }
 
     /// Runs `body` under the exclusive lock on `key` if the lock is free right now, and returns
@@ -211,7 +287,7 @@ pub trait LockManagerExt: LockManager {
     /// let locks = InMemoryLockManager::new();
     /// let ran = locks.try_with_lock("job:nightly", |_| async { "compacted" }).await?;
     /// assert_eq!(ran, Some("compacted"));
-    /// let _held = locks.lock("job:nightly", None).await?;
+    /// let _held = locks.acquire("job:nightly", None).await?;
     /// assert_eq!(locks.try_with_lock("job:nightly", |_| async { "twice" }).await?, None);
     /// # Ok(()) }
     /// ```
@@ -227,8 +303,36 @@ pub trait LockManagerExt: LockManager {
     {
         let key = key.into();
         async move {
-            match self.try_acquire_key(&key, LockMode::Exclusive).await? {
-                Some(guard) => run_guarded(guard, body).await.map(Some),
+            match try_acquire(self, key, LockMode::Exclusive).await? {
+                Some(guard) => run_and_release(guard, body).await.map(Some),
+                None => Ok(None),
+            }
+        }
+    }
+
+    /// As [`try_with_lock`](Self::try_with_lock), holding `key` in shared mode.
+    ///
+    /// # Errors
+    ///
+    /// As for [`try_with_lock`](Self::try_with_lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`with_lock`](Self::with_lock).
+    fn try_with_lock_shared<F, Fut, T>(
+        &self,
+        key: impl Into<LockKey>,
+        body: F,
+    ) -> impl Future<Output = Result<Option<T>>> + Send
+    where
+        F: FnOnce(LockInfo) -> Fut + Send,
+        Fut: Future<Output = T> + Send,
+        T: Send,
+    {
+        let key = key.into();
+        async move {
+            match try_acquire(self, key, LockMode::Shared).await? {
+                Some(guard) => run_and_release(guard, body).await.map(Some),
                 None => Ok(None),
             }
         }
@@ -237,51 +341,58 @@ pub trait LockManagerExt: LockManager {
 
 impl<M: LockManager + ?Sized> LockManagerExt for M {}
 
-/// Acquires `key` in `mode`, then runs `body` under the guard (see `run_guarded`).
-async fn locked<M, F, Fut, T>(
+/// Refuses a nested acquisition, then asks the port.
+fn refuse_nested<M: LockManager + ?Sized>(manager: &M, key: &LockKey) -> Result<()> {
+    if crate::scope::is_inside(manager.holder_id(), key) {
+        return Err(Error::Reentrant { key: key.clone() });
+    }
+    Ok(())
+}
+
+async fn acquire<M: LockManager + ?Sized>(
     manager: &M,
     key: LockKey,
     mode: LockMode,
     timeout: Option<Duration>,
-    body: F,
-) -> Result<T>
-where
-    M: LockManager + ?Sized,
-    F: FnOnce(LockInfo) -> Fut + Send,
-    Fut: Future<Output = T> + Send,
-    T: Send,
-{
-    let guard = manager.acquire_key(&key, mode, timeout).await?;
-    run_guarded(guard, body).await
+) -> Result<LockGuard> {
+    refuse_nested(manager, &key)?;
+    let options = AcquireOptions::new(mode, Wait::from(timeout));
+    match manager.lock(&key, options).await? {
+        Some(guard) => Ok(guard),
+        // Only `Wait::No` may answer `None`; a manager that does so for a wait breaks the
+        // port's contract, and the caller still deserves its timeout.
+        None => Err(Error::Timeout {
+            key,
+            timeout: timeout.unwrap_or_default(),
+        }),
+    }
 }
 
-/// Runs `body` under `guard`, cancelling it if the lock is lost, and releases the lock.
-async fn run_guarded<F, Fut, T>(guard: LockGuard, body: F) -> Result<T>
+async fn try_acquire<M: LockManager + ?Sized>(
+    manager: &M,
+    key: LockKey,
+    mode: LockMode,
+) -> Result<Option<LockGuard>> {
+    refuse_nested(manager, &key)?;
+    manager
+        .lock(&key, AcquireOptions::new(mode, Wait::No))
+        .await
+}
+
+/// Runs `body` as `guard`'s critical section, then releases the lock.
+async fn run_and_release<F, Fut, T>(guard: LockGuard, body: F) -> Result<T>
 where
     F: FnOnce(LockInfo) -> Fut + Send,
     Fut: Future<Output = T> + Send,
     T: Send,
 {
-    let loss = guard.loss_signal().clone();
-    let body = body(guard.info().clone());
-    let finished = tokio::select! {
-        biased;
-        cause = loss.lost() => Err(cause),
-        value = body => Ok(value),
-    };
-    match finished {
-        Ok(value) => match guard.release().await {
-            Ok(_) => Ok(value),
-            Err(lost @ Error::LockLost { .. }) => Err(lost),
-            Err(err) => {
-                tracing::warn!(error = %err, "release after with_lock unconfirmed");
-                Ok(value)
-            }
-        },
-        Err(cause) => {
-            let key = guard.key.clone();
-            drop(guard);
-            Err(Error::LockLost { key, cause })
+    let value = guard.run(body(guard.info().clone())).await?;
+    match guard.release().await {
+        Ok(()) => Ok(value),
+        Err(lost @ Error::LockLost { .. }) => Err(lost),
+        Err(err) => {
+            tracing::warn!(error = %err, "release after with_lock unconfirmed");
+            Ok(value)
         }
     }
 }

@@ -1,4 +1,5 @@
-//! The resource side of fencing, for rows in PostgreSQL: raise a row's fence before reading it.
+//! The resource side of fencing, for rows in PostgreSQL: raise a row's fence before reading
+//! it ([`RowFence`]), and the errors of doing so ([`Error`]).
 
 use std::fmt;
 use std::sync::Arc;
@@ -6,7 +7,79 @@ use std::sync::Arc;
 use sqlx::postgres::PgRow;
 use sqlx::{Acquire, AssertSqlSafe, Encode, FromRow, PgConnection, Postgres, Type};
 
-use crate::{Error, Result};
+use crate::error::{InvalidIdentifier, quote_identifier};
+
+/// A `Result` whose error is the fencing [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why a [`RowFence`] refused or failed. It takes no locks, so it has no lock failures.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The row's fence already holds a higher fencing token: a newer lock holder has claimed
+    /// the row, so this holder's lock is gone. Nothing was changed; stop, and do not count the
+    /// work as done.
+    #[error("Stale fencing token {token} for row {row} of {resource}: its fence is at {fence}")]
+    StaleToken {
+        /// The fenced table.
+        resource: String,
+        /// The row's key, as displayed.
+        row: String,
+        /// The token that was presented.
+        token: i64,
+        /// The higher token the row's fence holds.
+        fence: i64,
+    },
+
+    /// A [`write`](RowFence::write) found the row's fence below its token or unset: the row
+    /// was not raised with this token before the write, a bug in the caller. Nothing was
+    /// written.
+    #[error(
+        "Row {row} of {resource} is not fenced with token {token} (its fence is {}): \
+         raise the fence before writing",
+        or_unset(.fence)
+    )]
+    NotRaised {
+        /// The fenced table.
+        resource: String,
+        /// The row's key, as displayed.
+        row: String,
+        /// The token that was presented.
+        token: i64,
+        /// The row's fence, `None` when it was never raised.
+        fence: Option<i64>,
+    },
+
+    /// No row has the given key.
+    #[error("No row {row} in fenced table {resource}")]
+    RowNotFound {
+        /// The fenced table.
+        resource: String,
+        /// The key that was looked for, as displayed.
+        row: String,
+    },
+
+    /// A statement failed, or its row did not decode.
+    #[error("Fencing on {resource} failed to {operation}: {source}")]
+    Failed {
+        /// The fenced table.
+        resource: String,
+        /// What was being done, such as `raise the fence`.
+        operation: &'static str,
+        /// The driver error.
+        #[source]
+        source: sqlx::Error,
+    },
+
+    /// A name given to [`RowFence`] cannot be used.
+    #[error(transparent)]
+    InvalidIdentifier(#[from] InvalidIdentifier),
+}
+
+/// A fence for error messages: its token, or `unset`.
+fn or_unset(fence: &Option<i64>) -> String {
+    fence.map_or_else(|| "unset".to_owned(), |fence| fence.to_string())
+}
 
 /// The fence column of one of your tables: how a holder claims a row with its
 /// [fencing token](crate::LockInfo::fencing_token) *before* it reads the row, so that a
@@ -50,24 +123,25 @@ use crate::{Error, Result};
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use pglock::{Error, FencingTable, LockManager, PostgresLockManager, RowFence};
+/// use pglock::fence::{self, RowFence};
+/// use pglock::{FencingTable, LockManagerExt, PostgresLockManager};
 ///
-/// # async fn run(pool: sqlx::PgPool, id: uuid::Uuid) -> pglock::Result<()> {
+/// # async fn run(pool: sqlx::PgPool, id: uuid::Uuid) -> Result<(), Box<dyn std::error::Error>> {
 /// let locks = PostgresLockManager::builder(pool.clone())
 ///     .fencing(FencingTable::default())
 ///     .build();
 /// let counters = RowFence::new("counters", "id", "fence")?.returning(&["value"])?;
 ///
-/// let guard = locks.acquire(&format!("counter:{id}"), Some(Duration::from_secs(5))).await?;
-/// let token = guard.fencing_token.expect("fencing is on");
+/// let guard = locks.acquire(format!("counter:{id}"), Some(Duration::from_secs(5))).await?;
+/// let token = guard.info().fencing_token.expect("fencing is on");
 /// let outcome = async {
 ///     let (value,): (i64,) = counters.raise(&pool, id, token).await?; // fence, then read
 ///     counters.write(&pool, id, token, "value", value + 1).await      // only while fenced
 /// };
 /// match outcome.await {
 ///     Ok(()) => println!("incremented"),
-///     Err(Error::StaleFencingToken { fence, .. }) => println!("superseded by token {fence}"),
-///     Err(other) => return Err(other),
+///     Err(fence::Error::StaleToken { fence, .. }) => println!("superseded by token {fence}"),
+///     Err(other) => return Err(other.into()),
 /// }
 /// guard.release().await?;
 /// # Ok(()) }
@@ -95,7 +169,7 @@ impl RowFence {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidIdentifier`] when a name (or a part of `schema.table`) is empty, longer
+    /// [`InvalidIdentifier`] when a name (or a part of `schema.table`) is empty, longer
     /// than PostgreSQL's 63 bytes or contains a NUL byte, or the table name has more than two
     /// parts.
     ///
@@ -103,9 +177,13 @@ impl RowFence {
     /// let fence = pglock::RowFence::new("app.counters", "id", "fence")?;
     /// assert_eq!(fence.table(), r#""app"."counters""#);
     /// assert!(pglock::RowFence::new("counters", "", "fence").is_err());
-    /// # Ok::<(), pglock::Error>(())
+    /// # Ok::<(), pglock::InvalidIdentifier>(())
     /// ```
-    pub fn new(table: &str, key_column: &str, fence_column: &str) -> Result<Self> {
+    pub fn new(
+        table: &str,
+        key_column: &str,
+        fence_column: &str,
+    ) -> Result<Self, InvalidIdentifier> {
         let table = quote_identifier(table, true)?;
         let key = quote_identifier(key_column, false)?;
         let fence = quote_identifier(fence_column, false)?;
@@ -126,11 +204,11 @@ impl RowFence {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidIdentifier`] when `columns` is empty or a name is not usable (see
+    /// [`InvalidIdentifier`] when `columns` is empty or a name is not usable (see
     /// [`new`](Self::new)).
-    pub fn returning(mut self, columns: &[&str]) -> Result<Self> {
+    pub fn returning(mut self, columns: &[&str]) -> Result<Self, InvalidIdentifier> {
         if columns.is_empty() {
-            return Err(Error::InvalidIdentifier {
+            return Err(InvalidIdentifier {
                 name: String::new(),
                 reason: "no column to return",
             });
@@ -138,7 +216,7 @@ impl RowFence {
         let quoted = columns
             .iter()
             .map(|column| quote_identifier(column, false))
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>, _>>()?;
         self.raise = self.raise_statement(&quoted.join(", "));
         Ok(self)
     }
@@ -160,10 +238,10 @@ impl RowFence {
     ///
     /// # Errors
     ///
-    /// * [`Error::StaleFencingToken`] when the row's fence already holds a higher token: a
+    /// * [`Error::StaleToken`] when the row's fence already holds a higher token: a
     ///   newer holder has claimed the row, so this holder's lock is gone. Nothing was changed.
-    /// * [`Error::FencedRowNotFound`] when no row has that key.
-    /// * [`Error::FencingFailed`] when a statement fails, or the row does not decode as `R`.
+    /// * [`Error::RowNotFound`] when no row has that key.
+    /// * [`Error::Failed`] when a statement fails, or the row does not decode as `R`.
     ///
     /// # Cancel safety
     ///
@@ -202,13 +280,13 @@ impl RowFence {
     ///
     /// # Errors
     ///
-    /// * [`Error::StaleFencingToken`] when a newer holder raised the fence since: this
+    /// * [`Error::StaleToken`] when a newer holder raised the fence since: this
     ///   holder's read is out of date and nothing was written.
-    /// * [`Error::FenceNotRaised`] when the fence holds a lower token or none: the row was not
+    /// * [`Error::NotRaised`] when the fence holds a lower token or none: the row was not
     ///   raised with `token` first, a bug in the caller. Nothing was written.
-    /// * [`Error::FencedRowNotFound`] when no row has that key.
+    /// * [`Error::RowNotFound`] when no row has that key.
     /// * [`Error::InvalidIdentifier`] when `column` is not a usable name.
-    /// * [`Error::FencingFailed`] when a statement fails.
+    /// * [`Error::Failed`] when a statement fails.
     ///
     /// # Cancel safety
     ///
@@ -274,60 +352,30 @@ impl RowFence {
         let (resource, row) = (self.table.clone(), row.to_string());
         match (found, step) {
             (Err(source), _) => self.failed("read the fence of a refused row", source),
-            (Ok(Some(Some(fence))), _) if fence > token => Error::StaleFencingToken {
+            (Ok(Some(Some(fence))), _) if fence > token => Error::StaleToken {
                 resource,
                 row,
                 token,
                 fence,
             },
-            (Ok(Some(fence)), Step::Write) => Error::FenceNotRaised {
+            (Ok(Some(fence)), Step::Write) => Error::NotRaised {
                 resource,
                 row,
                 token,
                 fence,
             },
             // Not there when raised (it may have been inserted since).
-            (Ok(_), _) => Error::FencedRowNotFound { resource, row },
+            (Ok(_), _) => Error::RowNotFound { resource, row },
         }
     }
 
     fn failed(&self, operation: &'static str, source: sqlx::Error) -> Error {
-        Error::FencingFailed {
+        Error::Failed {
             resource: self.table.clone(),
             operation,
             source,
         }
     }
-}
-
-/// `name` quoted as an SQL identifier; with `qualified`, a `schema.name` is two identifiers.
-pub(crate) fn quote_identifier(name: &str, qualified: bool) -> Result<String> {
-    let invalid = |reason: &'static str| Error::InvalidIdentifier {
-        name: name.to_owned(),
-        reason,
-    };
-    let parts: Vec<&str> = if qualified {
-        name.split('.').collect()
-    } else {
-        vec![name]
-    };
-    if parts.len() > 2 {
-        return Err(invalid("expected `table` or `schema.table`"));
-    }
-    let mut quoted = Vec::with_capacity(parts.len());
-    for part in parts {
-        if part.is_empty() {
-            return Err(invalid("an empty name part"));
-        }
-        if part.len() > 63 {
-            return Err(invalid("a name part longer than 63 bytes"));
-        }
-        if part.contains('\0') {
-            return Err(invalid("a NUL byte"));
-        }
-        quoted.push(format!("\"{}\"", part.replace('"', "\"\"")));
-    }
-    Ok(quoted.join("."))
 }
 
 #[cfg(test)]
@@ -352,21 +400,12 @@ mod tests {
             ("t", "id", &*"x".repeat(64)),
         ] {
             assert!(
-                matches!(
-                    RowFence::new(table, key, column),
-                    Err(Error::InvalidIdentifier { .. })
-                ),
+                RowFence::new(table, key, column).is_err(),
                 "{table:?} {key:?} {column:?}"
             );
         }
         let fence = RowFence::new("t", "id", "fence").unwrap();
-        assert!(matches!(
-            fence.clone().returning(&[]),
-            Err(Error::InvalidIdentifier { .. })
-        ));
-        assert!(matches!(
-            fence.returning(&["ok", ""]),
-            Err(Error::InvalidIdentifier { .. })
-        ));
+        assert!(fence.clone().returning(&[]).is_err());
+        assert!(fence.returning(&["ok", ""]).is_err());
     }
 }

@@ -1,45 +1,40 @@
-//! The guard handed out by a blocking acquisition.
+//! The guard every acquisition hands back.
 
 use std::fmt;
-use std::ops::Deref;
+use std::future::Future;
 
 use async_trait::async_trait;
 
-use crate::{LockInfo, LossCause, LossSignal, Result};
+use crate::{Error, LockInfo, LossSignal, Result};
 
-/// Proof that a lock is held, returned by [`LockManager::acquire`](crate::LockManager::acquire).
+/// Proof that a lock is held, handed back by every acquisition
+/// ([`acquire`](crate::LockManagerExt::acquire), [`try_acquire`](crate::LockManagerExt::try_acquire)
+/// and their shared-mode variants).
 ///
 /// A guard has three exits:
 ///
-/// 1. [`release`](LockGuard::release): release now and learn whether the server confirmed it.
-///    This is the exit to use on every normal path.
+/// 1. [`release`](LockGuard::release): release now and learn whether it was confirmed. This is
+///    the exit to use on every normal path.
 /// 2. **Drop**: the guard starts the release in the background. It is *not* immediate: the
 ///    manager forgets the lock at once, but the unlock statement runs on a spawned task. Until it
 ///    has, other holders cannot take the lock and the same manager queues new acquisitions of
-///    the key behind it. If the guard is dropped outside a Tokio runtime, the unlock is queued on
-///    the lock's session (or, for a lock held on a session of its own, that session is closed),
+///    the key behind it. Dropped outside a Tokio runtime, the lock's session is closed instead,
 ///    and the server frees the lock either way.
-/// 3. [`leak`](LockGuard::leak): keep the lock held after the guard is gone and hand it to the
-///    manager's registry, where [`LockManager::release`](crate::LockManager::release) or
-///    [`LockManager::release_all`](crate::LockManager::release_all) can release it later.
+/// 3. [`leak`](LockGuard::leak): keep the lock held after the guard is gone, in the manager's
+///    registry, until [`release`](crate::LockManagerExt::release) or
+///    [`release_all`](crate::LockManager::release_all) names it: the Python original's "try,
+///    then later release the key", as in a leader loop.
 ///
-/// A guard releases **only its own acquisition**. If its lock was already released through
-/// [`LockManager::release`](crate::LockManager::release) or
-/// [`LockManager::release_all`](crate::LockManager::release_all), the guard's release reports
-/// `Ok(false)` and its drop does nothing, even if the same key has been acquired again since.
+/// # When the lock goes
 ///
-/// # Lost locks
-///
-/// A lock can be lost while its guard is alive: the session that holds it may be terminated,
-/// time out, or become unreachable, and the server then frees the lock for someone else. A
-/// manager that watches its locks (as [`PostgresLockManager`](crate::PostgresLockManager) does)
-/// declares such a lock lost; the guard exposes it through [`is_lost`](LockGuard::is_lost),
-/// [`lost`](LockGuard::lost) and [`lost_token`](LockGuard::lost_token), and its
-/// [`release`](LockGuard::release) then fails with [`Error::LockLost`](crate::Error::LockLost).
-/// Work that must stop when the lock is gone can race against `lost()`, or use
-/// [`LockManagerExt::with_lock`](crate::LockManagerExt::with_lock), which does it for you.
-///
-/// The guard dereferences to the [`LockInfo`] of the acquisition.
+/// A lock can go while its guard is alive: the session holding it may be terminated, time out
+/// or become unreachable (the server then frees the lock for someone else, and a manager that
+/// watches its locks declares it lost), or code elsewhere may release it through the manager.
+/// Either way the guard's [`loss_signal`](LockGuard::loss_signal) fires with the
+/// [cause](crate::LossCause), [`run`](LockGuard::run) cancels its body, and
+/// [`release`](LockGuard::release) fails with [`Error::LockLost`]. A guard only ever releases
+/// its own acquisition: once its lock went, it releases nothing, even if the key has been
+/// acquired again since.
 #[must_use = "the lock is released as soon as the guard is dropped; bind it to a variable that lives as long as the critical section"]
 pub struct LockGuard {
     info: LockInfo,
@@ -59,86 +54,124 @@ impl LockGuard {
         }
     }
 
-    /// The acquisition this guard stands for.
+    /// The acquisition this guard stands for: key, lock id, time, holder, fencing token, mode.
     pub fn info(&self) -> &LockInfo {
         &self.info
     }
 
-    /// True once the manager has declared this lock lost.
+    /// The signal that fires when this lock goes before the guard releases it: declared lost,
+    /// or released through the manager.
     ///
-    /// Cheap: it reads a flag. Detection is periodic, so `false` means "not known to be lost";
-    /// see the manager's documentation for how quickly a loss is noticed.
-    pub fn is_lost(&self) -> bool {
-        self.loss.is_lost()
-    }
-
-    /// Completes when the manager declares this lock lost, with the cause. It never completes
-    /// while the lock is held, nor after a normal release.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: it only waits.
-    pub async fn lost(&self) -> LossCause {
-        self.loss.lost().await
-    }
-
-    /// A token that is cancelled when this lock is declared lost, for `tokio::select!`,
-    /// `CancellationToken::run_until_cancelled` or code that already speaks tokens.
-    pub fn lost_token(&self) -> tokio_util::sync::CancellationToken {
-        self.loss.token()
-    }
-
-    /// The loss signal itself, which outlives the guard (clone it before releasing).
+    /// Cheap to check ([`is_lost`](LossSignal::is_lost)), awaitable
+    /// ([`lost`](LossSignal::lost)), convertible into a `CancellationToken`
+    /// ([`token`](LossSignal::token)), and it outlives the guard when cloned. Detection of a
+    /// lost session is periodic: see the manager's documentation for how quickly it is noticed.
     pub fn loss_signal(&self) -> &LossSignal {
         &self.loss
     }
 
-    /// Releases the lock now.
+    /// Runs `body` as this lock's critical section.
     ///
-    /// Returns `Ok(true)` when this call released the lock and the server confirmed it, and
-    /// `Ok(false)` when there was nothing left to release because the lock had already been
-    /// released through [`LockManager::release`](crate::LockManager::release) or
-    /// [`LockManager::release_all`](crate::LockManager::release_all).
+    /// * If the lock goes while `body` runs (declared lost, or released through the manager),
+    ///   `body` is **cancelled** (dropped at its next await point) and the call returns
+    ///   [`Error::LockLost`] with the cause. A body that finishes at the moment the loss is
+    ///   noticed counts as lost too: its work cannot be assumed to have been exclusive.
+    /// * Inside `body`, acquiring the same key from the same holder fails at once with
+    ///   [`Error::Reentrant`] instead of waiting for itself. Sibling futures that run next to
+    ///   `run` (not inside `body`) queue for the key as usual, and so do tasks spawned from
+    ///   `body`.
+    ///
+    /// The guard stays held afterwards; release it, or use
+    /// [`with_lock`](crate::LockManagerExt::with_lock), which does both.
     ///
     /// # Errors
     ///
-    /// * [`Error::LockLost`](crate::Error::LockLost) when the lock had been declared lost: the
-    ///   critical section may have overlapped with another holder's.
-    /// * [`Error::ReleaseFailed`](crate::Error::ReleaseFailed) when the release could not be
-    ///   confirmed. The lock's session has then been closed, which frees the lock on the server.
+    /// [`Error::LockLost`] when the lock went before `body` finished.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future drops `body`; the guard is untouched.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pglock::{Error, InMemoryLockManager, LockManagerExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
+    /// let locks = InMemoryLockManager::new();
+    /// let guard = locks.acquire("report:daily", None).await?;
+    /// let rows = guard
+    ///     .run(async {
+    ///         // Asking for the key again in here would wait for itself: refused at once.
+    ///         let again = locks.try_acquire("report:daily").await;
+    ///         assert!(matches!(again, Err(Error::Reentrant { .. })));
+    ///         42
+    ///     })
+    ///     .await?;
+    /// guard.release().await?;
+    /// assert_eq!(rows, 42);
+    /// # Ok(()) }
+    /// ```
+    pub async fn run<F: Future>(&self, body: F) -> Result<F::Output> {
+        let loss = self.loss.lost();
+        let body = crate::scope::inside(
+            self.info.holder_id.clone(),
+            self.info.key.clone(),
+            body,
+        );
+        tokio::select! {
+            biased;
+            cause = loss => Err(Error::LockLost { key: self.info.key.clone(), cause }),
+            value = body => Ok(value),
+        }
+    }
+
+    /// Releases the lock now.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::LockLost`] when the lock had gone already (declared lost, or released
+    ///   through the manager): the critical section may have overlapped another holder's. The
+    ///   cause is the loss signal's.
+    /// * [`Error::ReleaseFailed`] when the release could not be confirmed. The lock's session
+    ///   has then been closed, which frees the lock on the server.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe. If the future is dropped before it completes, the release carries on as if
     /// the guard had been dropped: either the unlock finishes in the background or the session
     /// that holds the lock is closed. The lock is never left held.
-    pub async fn release(mut self) -> Result<bool> {
+    pub async fn release(mut self) -> Result<()> {
         match self.backend.take() {
             Some(backend) => backend.release().await,
-            None => Ok(false),
+            None => Ok(()),
         }
     }
 
-    /// Keeps the lock held without this guard, owned by the manager's registry.
+    /// Keeps the lock held without this guard, owned by the manager's registry, and returns
+    /// the acquisition's [`LockInfo`].
     ///
-    /// The lock then behaves like one taken with
-    /// [`LockManager::try_acquire`](crate::LockManager::try_acquire): it stays held until
-    /// [`LockManager::release`](crate::LockManager::release) or
-    /// [`LockManager::release_all`](crate::LockManager::release_all) names it, or until the
-    /// manager is dropped. Returns the acquisition's [`LockInfo`].
+    /// The lock stays held until [`release`](crate::LockManagerExt::release) or
+    /// [`release_all`](crate::LockManager::release_all) names it, or the manager is dropped.
+    /// Together with [`try_acquire`](crate::LockManagerExt::try_acquire) this is the Python
+    /// original's leader loop:
+    ///
+    /// ```
+    /// use pglock::{InMemoryLockManager, LockGuard, LockManagerExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
+    /// let locks = InMemoryLockManager::new();
+    /// if let Some(term) = locks.try_acquire("leader:jobs").await?.map(LockGuard::leak) {
+    ///     // ... lead, with term.fencing_token ...
+    ///     locks.release("leader:jobs").await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn leak(mut self) -> LockInfo {
         if let Some(backend) = self.backend.take() {
             backend.leak();
         }
         self.info.clone()
-    }
-}
-
-impl Deref for LockGuard {
-    type Target = LockInfo;
-
-    fn deref(&self) -> &LockInfo {
-        &self.info
     }
 }
 
@@ -165,25 +198,22 @@ impl fmt::Debug for LockGuard {
 /// * **Drop releases.** Dropping a backend on which neither method was called must start
 ///   releasing its acquisition without blocking (typically on a spawned task). Dropping the
 ///   future returned by `release` before it completes must do the same.
-/// * **Own acquisition only.** A backend must release only the acquisition it was created for.
-///   If that acquisition was already released through the manager (`release(key)`,
-///   `release_all()`), `release` returns `Ok(false)` and dropping does nothing, even when the
-///   same key has been acquired again since.
-/// * **Loss.** If the manager can detect lost locks, [`loss_signal`](GuardBackend::loss_signal)
-///   returns the acquisition's signal, and `release` of a lost acquisition returns
-///   [`Error::LockLost`](crate::Error::LockLost).
+/// * **Own acquisition only, and silently.** A backend releases only the acquisition it was
+///   created for, and its own release does not fire the loss signal. If that acquisition went
+///   already (declared lost, or released through the manager, both of which fire the signal),
+///   `release` returns [`Error::LockLost`] with the signal's cause and dropping does nothing,
+///   even when the same key has been acquired again since.
+/// * **Loss.** [`loss_signal`](GuardBackend::loss_signal) returns the acquisition's signal,
+///   which the manager fires whenever the lock goes other than through this backend.
 #[async_trait]
 pub trait GuardBackend: Send + Sync + fmt::Debug + 'static {
     /// Releases the acquisition now; see [`LockGuard::release`] for the meaning of the result.
-    async fn release(self: Box<Self>) -> Result<bool>;
+    async fn release(self: Box<Self>) -> Result<()>;
 
     /// Hands the acquisition to the manager's registry without releasing it; see
     /// [`LockGuard::leak`].
     fn leak(self: Box<Self>);
 
-    /// The signal fired if this acquisition is declared lost. The default never fires, for
-    /// managers that cannot detect loss.
-    fn loss_signal(&self) -> LossSignal {
-        LossSignal::new()
-    }
+    /// The signal fired when this acquisition goes other than through this backend.
+    fn loss_signal(&self) -> LossSignal;
 }

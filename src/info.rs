@@ -1,33 +1,30 @@
 //! What a successful acquisition hands back.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 
 use crate::LockKey;
 #[cfg(doc)]
 use crate::lock_id;
 
-/// A description of one held lock.
+/// A description of one held lock: every guard carries one ([`LockGuard::info`](crate::LockGuard::info)).
 ///
-/// Every successful acquisition produces one: [`LockGuard`](crate::LockGuard) dereferences to
-/// it and [`LockManager::try_acquire`](crate::LockManager::try_acquire) returns it. The struct
-/// is `#[non_exhaustive]` so fields can be added without a breaking change; implementors of
-/// [`LockManager`](crate::LockManager) build one with [`LockInfo::new`].
+/// The struct is `#[non_exhaustive]` so fields can be added without a breaking change;
+/// implementors of [`LockManager`](crate::LockManager) build one with [`LockInfo::new`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockInfo {
-    /// The key that was acquired, as text: a name exactly as given, or the display form of
-    /// another kind of key (see [`LockKey`]'s `Display`).
-    pub key: String,
-    /// The key itself; pass it to [`LockManager::release_key`](crate::LockManager::release_key)
-    /// to release a key that is not a name.
-    pub lock_key: LockKey,
+    /// The key that was acquired. It prints as the name for a name key (so messages match the
+    /// Python original's) and compares equal to that name: `info.key == "rebuild:orders"`.
+    pub key: LockKey,
     /// The PostgreSQL advisory lock id: for a name, the id derived with [`lock_id`]; for a pair
     /// key, the pair packed into one number (see [`LockTarget::packed`](crate::LockTarget::packed)).
     pub lock_id: i64,
     /// When the lock was granted, by the client's clock, in UTC.
     pub acquired_at: DateTime<Utc>,
-    /// The holder id of the manager that acquired it, if it has one.
-    pub holder_id: Option<String>,
+    /// The holder id of the manager that acquired it.
+    pub holder_id: Arc<str>,
     /// A strictly increasing token for this acquisition, when the manager mints them.
     pub fencing_token: Option<i64>,
     /// Whether the lock is held exclusively or shared.
@@ -67,41 +64,12 @@ impl std::fmt::Display for LockMode {
 }
 
 impl LockInfo {
-    /// Describes `key`, acquired now by `holder_id`, with its lock id derived from the key.
-    pub fn new(key: impl Into<String>, holder_id: Option<String>) -> Self {
-        Self::for_key(&LockKey::name(key), holder_id)
-    }
-
-    /// Describes any kind of `key`, acquired now by `holder_id`.
-    pub fn for_key(key: &LockKey, holder_id: Option<String>) -> Self {
+    /// Describes `key`, acquired now in `mode` by `holder_id`, with its lock id derived from
+    /// the key and no fencing token.
+    pub fn new(key: LockKey, mode: LockMode, holder_id: Arc<str>) -> Self {
         LockInfo {
             lock_id: key.target().packed(),
-            key: key.to_string(),
-            lock_key: key.clone(),
-            acquired_at: Utc::now(),
-            holder_id,
-            fencing_token: None,
-            mode: LockMode::Exclusive,
-        }
-    }
-
-    /// Sets the mode the lock is held in.
-    pub fn with_mode(mut self, mode: LockMode) -> Self {
-        self.mode = mode;
-        self
-    }
-
-    /// Describes `key` with a lock id already derived from it.
-    pub(crate) fn from_parts(
-        key: &LockKey,
-        lock_id: i64,
-        holder_id: Option<String>,
-        mode: LockMode,
-    ) -> Self {
-        LockInfo {
-            key: key.to_string(),
-            lock_key: key.clone(),
-            lock_id,
+            key,
             acquired_at: Utc::now(),
             holder_id,
             fencing_token: None,
@@ -113,5 +81,17 @@ impl LockInfo {
     pub fn with_fencing_token(mut self, token: Option<i64>) -> Self {
         self.fencing_token = token;
         self
+    }
+
+    /// As [`new`](Self::new), with a lock id the caller derived already.
+    pub(crate) fn with_id(key: LockKey, lock_id: i64, mode: LockMode, holder_id: Arc<str>) -> Self {
+        LockInfo {
+            key,
+            lock_id,
+            acquired_at: Utc::now(),
+            holder_id,
+            fencing_token: None,
+            mode,
+        }
     }
 }

@@ -9,7 +9,7 @@
 //! ```no_run
 //! use pglock::inspect::Inspector;
 //!
-//! # async fn run(pool: sqlx::PgPool) -> pglock::Result<()> {
+//! # async fn run(pool: sqlx::PgPool) -> pglock::inspect::Result<()> {
 //! let inspector = Inspector::new(pool).known_keys(["leader:orders", "rebuild:orders"]);
 //! for lock in inspector.all().await? {
 //!     let name = lock.key.as_deref().unwrap_or("(unknown key)");
@@ -96,7 +96,29 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
 
-use crate::{Error, LockMode, Result, lock_id, split_lock_id};
+use crate::{LockMode, lock_id, split_lock_id};
+
+/// A `Result` whose error is the inspection [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An inspection query could not be run: the server could not be reached, or refused it.
+#[derive(Debug, thiserror::Error)]
+#[error("Lock inspection failed{}: {source}", for_key(.key))]
+#[non_exhaustive]
+pub struct Error {
+    /// The key that was inspected, when one was.
+    pub key: Option<String>,
+    /// The driver error.
+    #[source]
+    pub source: sqlx::Error,
+}
+
+/// ` for '{key}'`, or nothing.
+fn for_key(key: &Option<String>) -> String {
+    key.as_ref()
+        .map(|key| format!(" for '{key}'"))
+        .unwrap_or_default()
+}
 
 /// The `application_name` prefix that [`Inspector`] parses holder ids out of by default, the
 /// default of [`PostgresLockManagerBuilder::application_name_prefix`](crate::PostgresLockManagerBuilder::application_name_prefix).
@@ -187,8 +209,8 @@ impl Inspector {
     ///
     /// # Errors
     ///
-    /// [`Error::InspectionFailed`] (with no key) when the query cannot be run: no connection,
-    /// or the server refused it.
+    /// [`Error`] (with no key) when the query cannot be run: no connection, or the server
+    /// refused it.
     ///
     /// # Cancel safety
     ///
@@ -196,7 +218,7 @@ impl Inspector {
     pub async fn all(&self) -> Result<Vec<LockReport>> {
         self.query(None)
             .await
-            .map_err(|source| Error::InspectionFailed { key: None, source })
+            .map_err(|source| Error { key: None, source })
     }
 
     /// The holders and waiters of `key`'s lock. The report's [`key`](LockReport::key) is
@@ -204,7 +226,7 @@ impl Inspector {
     ///
     /// # Errors
     ///
-    /// [`Error::InspectionFailed`] carrying `key` when the query cannot be run.
+    /// [`Error`] carrying `key` when the query cannot be run.
     ///
     /// # Cancel safety
     ///
@@ -221,8 +243,7 @@ impl Inspector {
     ///
     /// # Errors
     ///
-    /// [`Error::InspectionFailed`] (carrying the known key, if any) when the query cannot be
-    /// run.
+    /// [`Error`] (carrying the known key, if any) when the query cannot be run.
     ///
     /// # Cancel safety
     ///
@@ -235,7 +256,7 @@ impl Inspector {
         let found = self
             .query(Some(lock_id))
             .await
-            .map_err(|source| Error::InspectionFailed {
+            .map_err(|source| Error {
                 key: key.map(str::to_owned),
                 source,
             })?;

@@ -260,6 +260,32 @@ impl std::fmt::Display for LockKey {
     }
 }
 
+/// A key equals a string when it is that name: `LockKey::from("a") == "a"`. Keys of the other
+/// kinds equal no string, whatever their display form.
+impl PartialEq<str> for LockKey {
+    fn eq(&self, other: &str) -> bool {
+        self.as_name() == Some(other)
+    }
+}
+
+impl PartialEq<&str> for LockKey {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_name() == Some(*other)
+    }
+}
+
+impl PartialEq<String> for LockKey {
+    fn eq(&self, other: &String) -> bool {
+        self.as_name() == Some(other.as_str())
+    }
+}
+
+impl PartialEq<LockKey> for &str {
+    fn eq(&self, other: &LockKey) -> bool {
+        other == self
+    }
+}
+
 impl From<&str> for LockKey {
     fn from(name: &str) -> Self {
         LockKey {
@@ -335,6 +361,8 @@ mod tests {
         assert_eq!(LockKey::from((1, 2)), LockKey::pair(1, 2));
         assert_eq!(LockKey::sqlx("x").to_string(), "sqlx:x");
         assert_eq!(LockKey::id(-7).to_string(), "id:-7");
+        assert!(LockKey::from("a") == "a" && LockKey::from("a") == "a".to_owned());
+        assert!(LockKey::id(-7) != "id:-7", "only a name equals a string");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Leader election on any lock manager.
+//! Leader election on any lock manager: [`LeaderElection`], and its [`Error`].
 
 use std::fmt;
 use std::future::{Future, poll_fn};
@@ -15,7 +15,37 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{Instrument, Span, field::Empty};
 
 use crate::telemetry::{self, leader as names};
-use crate::{Error, LockGuard, LockInfo, LockManager, LossCause, LossSignal, Result};
+use crate::{LockGuard, LockInfo, LockKey, LockManager, LockManagerExt, LossCause, LossSignal};
+
+/// A `Result` whose error is the leader election [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why a [`LeaderElection`] call did not lead: a lock failure, or a stopped campaign.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The election's lock failed. For leader work, [`crate::Error::LockLost`] is the usual
+    /// one: the term ended because the lock was lost, or released through the manager (the
+    /// cause says which).
+    #[error(transparent)]
+    Lock(#[from] crate::Error),
+
+    /// The election was asked to lead after it stopped campaigning, or stopped while its
+    /// leader work ran: it resigned, or its campaign ended with the runtime.
+    #[error("Leader election on '{key}' has stopped campaigning")]
+    Stopped {
+        /// The election's lock key, `leader:{name}`.
+        key: LockKey,
+    },
+}
+
+impl Error {
+    /// True when the term ended under the work because the lock went (lost, or released
+    /// through the manager): the candidate campaigns again.
+    pub fn is_lost(&self) -> bool {
+        matches!(self, Error::Lock(err) if err.is_lost())
+    }
+}
 
 /// Where a candidate stands, as published by [`LeaderElection::subscribe`].
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -56,15 +86,14 @@ impl Leadership {
 /// [`jitter`](LeaderElectionBuilder::jitter) until it gets it. It then leads, holding that one
 /// lock, until one of these ends the term:
 ///
-/// * the manager **declares the lock lost** (for [`PostgresLockManager`], within about its
-///   probe interval of the session dying): the candidate becomes a follower at once, its
-///   leader work is cancelled with [`Error::LockLost`], and it campaigns again after the
-///   interval;
-/// * the lock is **released through the manager** ([`LockManager::release`] or
-///   [`release_all`](LockManager::release_all)), noticed within two intervals: as for a loss,
-///   with [`Error::NotHeld`];
+/// * the lock **goes**: the manager declares it lost (for [`PostgresLockManager`], within
+///   about its probe interval of the session dying), or it is released through the manager
+///   ([`release`](crate::LockManagerExt::release), [`release_all`](LockManager::release_all)).
+///   The guard's loss signal tells the campaign at once: the candidate becomes a follower, its
+///   leader work is cancelled with [`crate::Error::LockLost`] (the cause says which), and it
+///   campaigns again after the interval;
 /// * [`resign`](LeaderElection::resign) or **dropping the handle**: leader work is cancelled
-///   (with [`Error::ElectionStopped`]) and dropped, *then* the lock is released, so the next
+///   (with [`Error::Stopped`]) and dropped, *then* the lock is released, so the next
 ///   leader never overlaps this one's work; the campaign stops.
 ///
 /// While leading, the campaign never asks the manager for the lock again: it holds exactly
@@ -88,7 +117,7 @@ impl Leadership {
 /// use std::time::Duration;
 /// use pglock::{InMemoryLockManager, InMemoryLockServer, LeaderElection};
 ///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::leader::Result<()> {
 /// let server = InMemoryLockServer::new();
 /// let candidate = |id: &str| {
 ///     let locks = InMemoryLockManager::builder().server(&server).holder_id(id).build();
@@ -99,7 +128,7 @@ impl Leadership {
 /// let (a, b) = (candidate("a"), candidate("b"));
 ///
 /// let leader = a.wait_for_leadership().await?;
-/// assert_eq!(leader.holder_id.as_deref(), Some("a"));
+/// assert_eq!(&*leader.holder_id, "a");
 /// assert!(!b.is_leader());
 ///
 /// // Leader-only work gets the term's lock info, fencing token included.
@@ -108,11 +137,11 @@ impl Leadership {
 ///
 /// assert!(a.resign().await?);
 /// let next = b.wait_for_leadership().await?;
-/// assert_eq!((next.holder_id.as_deref(), next.fencing_token), (Some("b"), Some(2)));
+/// assert_eq!((&*next.holder_id, next.fencing_token), ("b", Some(2)));
 /// # Ok(()) }
 /// ```
 pub struct LeaderElection {
-    key: String,
+    key: LockKey,
     manager: Arc<dyn LockManager>,
     leadership: watch::Receiver<Leadership>,
     terms: watch::Receiver<Option<Arc<Term>>>,
@@ -140,13 +169,13 @@ impl LeaderElection {
     }
 
     /// The election's lock key, `leader:{name}`.
-    pub fn key(&self) -> &str {
+    pub fn key(&self) -> &LockKey {
         &self.key
     }
 
     /// The identity this candidate campaigns with: its manager's
     /// [`holder_id`](LockManager::holder_id), stamped on every term's [`LockInfo`].
-    pub fn holder_id(&self) -> Option<&str> {
+    pub fn holder_id(&self) -> &str {
         self.manager.holder_id()
     }
 
@@ -175,8 +204,7 @@ impl LeaderElection {
     ///
     /// # Errors
     ///
-    /// [`Error::ElectionStopped`] once the campaign has stopped
-    /// ([`resign`](LeaderElection::resign)).
+    /// [`Error::Stopped`] once the campaign has stopped ([`resign`](LeaderElection::resign)).
     ///
     /// # Cancel safety
     ///
@@ -198,13 +226,15 @@ impl LeaderElection {
     ///
     /// A graceful end ([`resign`](LeaderElection::resign), or dropping the handle) waits for
     /// every running `work` to be dropped before it releases the lock, so the next leader never
-    /// overlaps it; a lost lock, by definition, cannot wait.
+    /// overlaps it; a lost lock, by definition, cannot wait. `work` runs as the lock's critical
+    /// section: asking for the election's key inside it fails at once
+    /// ([`crate::Error::Reentrant`]).
     ///
     /// # Errors
     ///
-    /// * [`Error::LockLost`] when the manager declared the lock lost while `work` ran;
-    /// * [`Error::NotHeld`] when the lock was released through the manager while `work` ran;
-    /// * [`Error::ElectionStopped`] when the campaign stopped before or while `work` ran.
+    /// * [`Error::Lock`] with [`crate::Error::LockLost`] when the lock went while `work` ran
+    ///   (lost, or released through the manager; [`Error::is_lost`]);
+    /// * [`Error::Stopped`] when the campaign stopped before or while `work` ran.
     ///
     /// # Cancel safety
     ///
@@ -217,14 +247,15 @@ impl LeaderElection {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use pglock::{Error, InMemoryLockManager, LeaderElection, LockInfo};
+    /// use pglock::leader::{Error, LeaderElection};
+    /// use pglock::{InMemoryLockManager, LockInfo};
     ///
     /// async fn rebuild_projections(info: LockInfo) {
     ///     // ... write with `info.fencing_token`, so a deposed leader's writes are refused ...
     /// #   std::future::pending::<()>().await
     /// }
     ///
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::leader::Result<()> {
     /// let election = Arc::new(
     ///     LeaderElection::builder(Arc::new(InMemoryLockManager::new()), "projections").start(),
     /// );
@@ -233,10 +264,12 @@ impl LeaderElection {
     ///     async move {
     ///         loop {
     ///             match election.run_as_leader(rebuild_projections).await {
-    ///                 // Done, and still the leader; or deposed, and campaigning again.
-    ///                 Ok(()) | Err(Error::LockLost { .. }) => {}
+    ///                 // Done, and still the leader.
+    ///                 Ok(()) => {}
+    ///                 // Deposed, and campaigning again.
+    ///                 Err(err) if err.is_lost() => {}
     ///                 // Resigned: this replica is shutting down.
-    ///                 Err(Error::ElectionStopped { .. }) => break,
+    ///                 Err(Error::Stopped { .. }) => break,
     ///                 Err(other) => return Err(other),
     ///             }
     ///         }
@@ -254,7 +287,9 @@ impl LeaderElection {
         Fut: Future<Output = T>,
     {
         let (term, _lease) = self.enter_term().await?;
-        match first(term.over(), work(term.info.clone())).await {
+        let info = term.info.clone();
+        let work = crate::scope::inside(info.holder_id.clone(), info.key.clone(), work(info));
+        match first(term.over(), work).await {
             First::Left(()) => Err(term.error(&self.key)),
             First::Right(value) => Ok(value),
         }
@@ -266,13 +301,13 @@ impl LeaderElection {
     /// Returns `Ok(true)` when it released a lock the candidate led under, and `Ok(false)`
     /// when the candidate was not leading (or an earlier `resign` already reported the
     /// release). Afterwards the candidate is a follower for good: waiting for leadership fails
-    /// with [`Error::ElectionStopped`]. Build a new election to campaign again.
+    /// with [`Error::Stopped`]. Build a new election to campaign again.
     ///
     /// # Errors
     ///
-    /// The errors of [`LockGuard::release`]: [`Error::LockLost`] when the lock turned out to
-    /// be lost, [`Error::ReleaseFailed`] when the release was not confirmed (the manager has
-    /// then closed the session, which frees the lock).
+    /// [`Error::Lock`] with the errors of [`LockGuard::release`]: [`crate::Error::LockLost`]
+    /// when the lock turned out to be gone, [`crate::Error::ReleaseFailed`] when the release
+    /// was not confirmed (the manager has then closed the session, which frees the lock).
     ///
     /// # Cancel safety
     ///
@@ -302,7 +337,7 @@ impl LeaderElection {
             let term = terms
                 .wait_for(|term| term.as_ref().is_some_and(|term| !term.is_over()))
                 .await
-                .map_err(|_| Error::ElectionStopped {
+                .map_err(|_| Error::Stopped {
                     key: self.key.clone(),
                 })?
                 .clone()
@@ -337,8 +372,7 @@ pub struct LeaderElectionBuilder {
 }
 
 impl LeaderElectionBuilder {
-    /// How long a follower waits between two attempts, before jitter; also how often a leader
-    /// checks that its manager still holds the lock. Default: 1 second.
+    /// How long a follower waits between two attempts, before jitter. Default: 1 second.
     ///
     /// With a lock manager that detects lost locks, a failover takes up to this interval (times
     /// `1 + jitter`) after the old leader's lock is freed on the server.
@@ -373,7 +407,7 @@ impl LeaderElectionBuilder {
     ///
     /// When called outside a Tokio runtime.
     pub fn start(self) -> LeaderElection {
-        let key = format!("leader:{}", self.name);
+        let key = LockKey::name(format!("leader:{}", self.name));
         let (leadership, leadership_rx) = watch::channel(Leadership::Follower);
         let (terms, terms_rx) = watch::channel(None);
         let stop = CancellationToken::new();
@@ -432,8 +466,8 @@ struct Term {
 
 #[derive(Debug, Clone)]
 enum TermEnd {
+    /// The lock went: lost, or released through the manager.
     Lost(LossCause),
-    ReleasedElsewhere,
     Stopped,
 }
 
@@ -453,18 +487,15 @@ impl Term {
     }
 
     /// Why the term is over, for the leader work it cut short.
-    fn error(&self, key: &str) -> Error {
-        let key = key.to_owned();
-        if let Some(cause) = self.loss.cause() {
-            return Error::LockLost { key, cause };
-        }
-        match self.why.get() {
-            Some(TermEnd::ReleasedElsewhere) => Error::NotHeld { key },
-            Some(TermEnd::Lost(cause)) => Error::LockLost {
-                key,
-                cause: cause.clone(),
-            },
-            Some(TermEnd::Stopped) | None => Error::ElectionStopped { key },
+    fn error(&self, key: &LockKey) -> Error {
+        let key = key.clone();
+        let cause = self.loss.cause().or_else(|| match self.why.get() {
+            Some(TermEnd::Lost(cause)) => Some(cause.clone()),
+            Some(TermEnd::Stopped) | None => None,
+        });
+        match cause {
+            Some(cause) => Error::Lock(crate::Error::LockLost { key, cause }),
+            None => Error::Stopped { key },
         }
     }
 
@@ -475,7 +506,7 @@ impl Term {
 
 /// The campaign task's state; it owns the only senders, so the channels close when it ends.
 struct Campaign {
-    key: String,
+    key: LockKey,
     manager: Arc<dyn LockManager>,
     retry: Duration,
     jitter: f64,
@@ -492,15 +523,15 @@ impl Campaign {
         loop {
             // An attempt in flight when the campaign stops is dropped: acquisitions are cancel
             // safe, so it leaves nothing held.
-            let attempt = self.manager.acquire(&self.key, Some(Duration::ZERO));
+            let attempt = self.manager.try_acquire(self.key.clone());
             match first(self.stop.cancelled(), attempt).await {
                 First::Left(()) => return Ok(false),
-                First::Right(Ok(guard)) => {
+                First::Right(Ok(Some(guard))) => {
                     if let Some(released) = self.lead(guard).await {
                         return released;
                     }
                 }
-                First::Right(Err(err)) if err.is_timeout() => {} // someone else leads
+                First::Right(Ok(None)) => {} // someone else leads
                 First::Right(Err(err)) => {
                     if self.tracing {
                         tracing::warn!(
@@ -556,26 +587,13 @@ impl Campaign {
         Some(self.step_down(guard, &term, &span).await)
     }
 
-    /// Waits for the end of the term: a stop, a loss, or the lock released through the
-    /// manager. Never acquires again: one guard, one lock.
+    /// Waits for the end of the term: a stop, or the lock going (lost, or released through
+    /// the manager, both of which fire the guard's signal). Never acquires again: one guard,
+    /// one lock.
     async fn term_end(&self, guard: &LockGuard) -> TermEnd {
-        let mut missing = false;
-        loop {
-            let ticked = first(guard.lost(), sleep(self.retry));
-            match first(self.stop.cancelled(), ticked).await {
-                First::Left(()) => return TermEnd::Stopped,
-                First::Right(First::Left(cause)) => return TermEnd::Lost(cause),
-                First::Right(First::Right(())) => {
-                    // Released through the manager: out of its registry at two checks in a
-                    // row, with no loss declared (a loss leaves the registry a moment before
-                    // its signal fires, so one check could mistake it for a release).
-                    let held = self.manager.is_held(&self.key).await;
-                    if !held && missing {
-                        return TermEnd::ReleasedElsewhere;
-                    }
-                    missing = !held;
-                }
-            }
+        match first(self.stop.cancelled(), guard.loss_signal().lost()).await {
+            First::Left(()) => TermEnd::Stopped,
+            First::Right(cause) => TermEnd::Lost(cause),
         }
     }
 
@@ -583,19 +601,16 @@ impl Campaign {
     fn record_end(&self, span: &Span, end: &TermEnd) {
         match end {
             TermEnd::Lost(cause) => {
-                span.record(names::OUTCOME, names::outcome::LOST);
+                let outcome = if cause.is_release() {
+                    names::outcome::RELEASED_ELSEWHERE
+                } else {
+                    names::outcome::LOST
+                };
+                span.record(names::OUTCOME, outcome);
                 span.record(telemetry::CAUSE, tracing::field::display(cause));
                 span.record("otel.status_code", "ERROR");
                 if self.tracing {
                     tracing::warn!(parent: span, %cause, "leadership lost");
-                }
-            }
-            TermEnd::ReleasedElsewhere => {
-                span.record(names::OUTCOME, names::outcome::RELEASED_ELSEWHERE);
-                span.record("otel.status_code", "ERROR");
-                if self.tracing {
-                    let reason = "the lock was released through the manager";
-                    tracing::warn!(parent: span, reason, "leadership lost");
                 }
             }
             TermEnd::Stopped => {}
@@ -607,6 +622,7 @@ impl Campaign {
     async fn step_down(&self, guard: LockGuard, term: &Term, span: &Span) -> Result<bool> {
         term.drained().instrument(span.clone()).await;
         let released = guard.release().instrument(span.clone()).await;
+        let released = released.map(|()| true).map_err(Error::Lock);
         let how = if self.resigned.load(Ordering::SeqCst) {
             names::outcome::RESIGNED
         } else {
@@ -632,7 +648,7 @@ impl Campaign {
             names::TERM_SPAN,
             { telemetry::KEY } = %self.key,
             { telemetry::LOCK_ID } = info.lock_id,
-            { telemetry::HOLDER_ID } = info.holder_id.as_deref(),
+            { telemetry::HOLDER_ID } = &*info.holder_id,
             { names::FENCING_TOKEN } = info.fencing_token,
             { names::OUTCOME } = Empty,
             { telemetry::CAUSE } = Empty,

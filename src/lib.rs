@@ -98,26 +98,27 @@
 mod core;
 mod error;
 mod ext;
-mod fence;
+pub mod fence;
 mod guard;
 mod identity;
 mod info;
 pub mod inspect;
 mod key;
-mod leader;
+pub mod leader;
 mod loss;
 mod manager;
 mod memory;
 mod metrics;
 mod postgres;
 pub mod schedule;
+mod scope;
 pub mod telemetry;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 mod xact;
 
-pub use crate::error::{AcquireFailure, Error, ReleaseFailure, Result};
+pub use crate::error::{Error, InvalidIdentifier, ReleaseFailure, Result};
 pub use crate::ext::LockManagerExt;
 pub use crate::fence::RowFence;
 pub use crate::guard::{GuardBackend, LockGuard};
@@ -126,13 +127,18 @@ pub use crate::key::{
     CUTOVER_OPERATION, LockKey, LockTarget, MIGRATION_OPERATION, lock_id, migration_key,
     migration_lock_key, split_lock_id,
 };
-pub use crate::leader::{LeaderElection, LeaderElectionBuilder, Leadership};
+pub use crate::leader::{LeaderElection, Leadership};
 pub use crate::loss::{LossCause, LossSignal};
-pub use crate::manager::LockManager;
+pub use crate::manager::{AcquireOptions, LockManager, Wait};
 pub use crate::memory::{InMemoryLockManager, InMemoryLockManagerBuilder, InMemoryLockServer};
 pub use crate::postgres::{FencingTable, PostgresLockManager, PostgresLockManagerBuilder};
 pub use crate::schedule::ScheduledJob;
 pub use crate::xact::TransactionLock;
+
+/// The traits and types most code needs: `use pglock::prelude::*;`.
+pub mod prelude {
+    pub use crate::{LockGuard, LockInfo, LockKey, LockManager, LockManagerExt, LossCause};
+}
 
 // The Rust snippets of the README and the guide are compiled as doc tests.
 #[cfg(doctest)]

@@ -5,12 +5,16 @@ use std::sync::{Arc, OnceLock};
 
 use tokio_util::sync::CancellationToken;
 
-/// Why a lock was declared lost.
+/// Why a held lock went from its holder.
 ///
 /// A PostgreSQL advisory lock lives exactly as long as the session that took it. When that
 /// session ends behind the holder's back, the server frees the lock and another process may take
 /// it, while the holder still believes it holds it. The manager watches its held locks and
 /// declares them lost when it sees this happen, or when it can no longer tell.
+///
+/// A holder is also told when the lock is taken from it through the manager
+/// ([`Released`](LossCause::Released), [`ReleasedAll`](LossCause::ReleasedAll)): its work is
+/// no longer protected either way. Only the guard's own release is silent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LossCause {
@@ -26,6 +30,12 @@ pub enum LossCause {
     /// server may still hold it until it notices the session is gone; no one else can have
     /// it before then, but the holder no longer controls it.
     SessionClosed,
+    /// Released through the manager by key ([`release`](crate::LockManagerExt::release))
+    /// rather than through the guard: the holder no longer has it, though nothing failed.
+    Released,
+    /// Released through the manager with every other lock it held
+    /// ([`release_all`](crate::LockManager::release_all)), typically at shutdown.
+    ReleasedAll,
     /// Declared lost on purpose, for tests (see
     /// [`InMemoryLockManager::simulate_loss`](crate::InMemoryLockManager::simulate_loss)).
     Simulated,
@@ -33,7 +43,7 @@ pub enum LossCause {
 
 impl LossCause {
     /// A stable, machine-readable name of the cause: `not_on_server`, `unverifiable`,
-    /// `session_closed` or `simulated`. It is the `pglock.cause` label of the lost-lock metric, fit for alert rules
+    /// `session_closed`, `released`, `released_all` or `simulated`. It is the `pglock.cause` label of the lost-lock metric, fit for alert rules
     /// and dashboards, and never changes for a cause; `Display` gives the English sentence
     /// instead.
     ///
@@ -51,8 +61,18 @@ impl LossCause {
             LossCause::NotOnServer => "not_on_server",
             LossCause::Unverifiable => "unverifiable",
             LossCause::SessionClosed => "session_closed",
+            LossCause::Released => "released",
+            LossCause::ReleasedAll => "released_all",
             LossCause::Simulated => "simulated",
         }
+    }
+}
+
+impl LossCause {
+    /// True for [`Released`](LossCause::Released) and [`ReleasedAll`](LossCause::ReleasedAll):
+    /// the lock was let go on purpose through the manager, not lost to a failure.
+    pub fn is_release(&self) -> bool {
+        matches!(self, LossCause::Released | LossCause::ReleasedAll)
     }
 }
 
@@ -66,6 +86,8 @@ impl fmt::Display for LossCause {
             LossCause::SessionClosed => {
                 "the manager closed the session holding it, so it can no longer release it"
             }
+            LossCause::Released => "it was released through the manager by key",
+            LossCause::ReleasedAll => "the manager released all its locks",
             LossCause::Simulated => "loss simulated by the test double",
         })
     }

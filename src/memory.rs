@@ -7,7 +7,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::timeout_at;
 
 use crate::core::{Backend, Core, Hook, Options, Request, Slots, delegate_lock_manager};
-use crate::{Error, LockKey, LockMode, LockTarget, LossCause, Result};
+use crate::{LockKey, LockMode, LockTarget, LossCause, Result};
 
 /// A [`LockManager`](crate::LockManager) that lives inside one process, for unit tests.
 ///
@@ -193,7 +193,7 @@ impl InMemoryLockManagerBuilder {
             .unwrap_or_else(crate::identity::default_holder_id);
         let options = Options {
             metrics: crate::metrics::Metrics::build(self.meter, &holder_id),
-            holder_id: Some(holder_id),
+            holder_id: holder_id.into(),
             tracing: self.tracing,
             hook: self.hook,
             defer_drops: self.defer_drops,
@@ -288,10 +288,10 @@ impl Backend for MemoryBackend {
         let permit = match (req.timeout, req.deadline) {
             (Some(timeout), _) if timeout.is_zero() => slot
                 .try_acquire_many_owned(n)
-                .map_err(|_| Error::timeout(&req.name(), timeout))?,
-            (Some(timeout), Some(deadline)) => timeout_at(deadline, slot.acquire_many_owned(n))
+                .map_err(|_| req.timed_out())?,
+            (Some(_), Some(deadline)) => timeout_at(deadline, slot.acquire_many_owned(n))
                 .await
-                .map_err(|_| Error::timeout(&req.name(), timeout))?
+                .map_err(|_| req.timed_out())?
                 .expect("lock semaphores are never closed"),
             _ => slot
                 .acquire_many_owned(n)

@@ -4,13 +4,12 @@ use std::time::Duration;
 
 use sqlx::{PgConnection, Row};
 
+use crate::postgres::errors::{has_sqlstate, statement_error};
+use crate::postgres::statements::{MAX_LOCK_TIMEOUT_MS, whole_ms};
 use crate::{Error, LockKey, LockMode, LockTarget, Result};
 
 /// SQLSTATE `no_active_sql_transaction`: what `SAVEPOINT` answers outside a transaction block.
 const NO_ACTIVE_TRANSACTION: &str = "25P01";
-
-/// PostgreSQL's largest `lock_timeout`, in milliseconds.
-const MAX_LOCK_TIMEOUT_MS: u128 = i32::MAX as u128;
 
 /// An advisory lock taken inside your own transaction and held until it ends:
 /// `pg_advisory_xact_lock` and its shared and non-blocking variants, for any [`LockKey`].
@@ -120,15 +119,14 @@ impl TransactionLock {
     ///
     /// # Errors
     ///
-    /// * [`Error::AcquisitionFailed`] with [`AcquireFailure::Timeout`](crate::AcquireFailure::Timeout)
-    ///   when `timeout` passed first ([`Error::is_timeout`]); the transaction goes on.
+    /// * [`Error::Timeout`] when `timeout` passed first; the transaction goes on.
     /// * [`Error::NotInTransaction`] when `tx` is not in a transaction block: in autocommit a
     ///   transaction lock would be released as soon as it was granted. Nothing was locked.
     /// * [`Error::Standby`] when the server is in recovery. Nothing was locked.
-    /// * [`Error::AcquisitionFailed`] with [`AcquireFailure::Database`](crate::AcquireFailure::Database)
-    ///   when the server refused the statement: the transaction had already failed, a deadlock
-    ///   was detected, or the session's own `lock_timeout` or `statement_timeout` ran out
-    ///   (these three abort the transaction).
+    /// * [`Error::Database`] when the server refused the statement: the transaction had
+    ///   already failed, a deadlock was detected, or the session's own `lock_timeout` or
+    ///   `statement_timeout` ran out (these three abort the transaction);
+    ///   [`Error::LockTableFull`] when the server's lock table is full.
     /// * [`Error::Connection`] when the connection broke.
     ///
     /// # Cancel safety
@@ -166,12 +164,12 @@ impl TransactionLock {
             Some(Some(ms)) => self.bounded_wait_statement(ms),
             Some(None) => self.try_statement(),
         };
-        match self.run(tx, sql, timeout).await? {
+        match self.run(tx, sql).await? {
             true => Ok(()),
-            false => Err(Error::timeout(
-                &self.key.to_string(),
-                timeout.unwrap_or_default(),
-            )),
+            false => Err(Error::Timeout {
+                key: self.key.clone(),
+                timeout: timeout.unwrap_or_default(),
+            }),
         }
     }
 
@@ -184,8 +182,8 @@ impl TransactionLock {
     /// * [`Error::NotInTransaction`] when `tx` is not in a transaction block. Nothing was
     ///   locked.
     /// * [`Error::Standby`] when the server is in recovery. Nothing was locked.
-    /// * [`Error::AcquisitionFailed`] with [`AcquireFailure::Database`](crate::AcquireFailure::Database)
-    ///   when the server refused the statement (the transaction had already failed, for one).
+    /// * [`Error::Database`] when the server refused the statement (the transaction had
+    ///   already failed, for one); [`Error::LockTableFull`] when its lock table is full.
     /// * [`Error::Connection`] when the connection broke.
     ///
     /// # Cancel safety
@@ -208,30 +206,25 @@ impl TransactionLock {
     /// # Ok(()) }
     /// ```
     pub async fn try_acquire(&self, tx: &mut PgConnection) -> Result<bool> {
-        self.run(tx, self.try_statement(), None).await
+        self.run(tx, self.try_statement()).await
     }
 
     /// Sends one message and reads its last statement's answer: granted, refused (`false`), or
     /// `NULL` on a standby.
-    async fn run(
-        &self,
-        tx: &mut PgConnection,
-        sql: String,
-        timeout: Option<Duration>,
-    ) -> Result<bool> {
+    async fn run(&self, tx: &mut PgConnection, sql: String) -> Result<bool> {
         // The text interpolates only integers computed here (see `args`), never caller text.
         let rows = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
             .fetch_all(tx)
             .await
-            .map_err(|err| self.failure(err, timeout))?;
+            .map_err(|err| self.failure(err))?;
         let granted = rows
             .last()
             .map(|row| row.try_get::<Option<bool>, _>(0))
             .transpose()
-            .map_err(|err| self.failure(err, timeout))?
+            .map_err(|err| self.failure(err))?
             .flatten();
         granted.ok_or_else(|| Error::Standby {
-            key: self.key.to_string(),
+            key: self.key.clone(),
         })
     }
 
@@ -302,21 +295,13 @@ impl TransactionLock {
         }
     }
 
-    fn failure(&self, err: sqlx::Error, timeout: Option<Duration>) -> Error {
-        let key = self.key.to_string();
-        match &err {
-            sqlx::Error::Database(db) => match db.code() {
-                Some(code) if code == NO_ACTIVE_TRANSACTION => Error::NotInTransaction { key },
-                Some(code) if code.starts_with("08") || code.starts_with("57P") => {
-                    connection(key, err)
-                }
-                _ => Error::database(&key, timeout, err),
-            },
-            sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => {
-                connection(key, err)
-            }
-            _ => Error::database(&key, timeout, err),
+    fn failure(&self, err: sqlx::Error) -> Error {
+        if has_sqlstate(&err, NO_ACTIVE_TRANSACTION) {
+            return Error::NotInTransaction {
+                key: self.key.clone(),
+            };
         }
+        statement_error(&self.key, err)
     }
 }
 
@@ -331,16 +316,8 @@ fn lock_timeout_ms(timeout: Duration) -> Option<u128> {
     if timeout.is_zero() {
         return None;
     }
-    let ms = timeout.as_nanos().div_ceil(1_000_000);
+    let ms = whole_ms(timeout);
     Some(if ms > MAX_LOCK_TIMEOUT_MS { 0 } else { ms })
-}
-
-fn connection(key: String, err: sqlx::Error) -> Error {
-    Error::Connection {
-        key,
-        reason: err.to_string(),
-        source: Some(err),
-    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,6 @@
 //! A guard's handle on its acquisition in the registry.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use tracing::Instrument;
@@ -16,8 +15,6 @@ pub(super) struct CoreGuard<B: Backend> {
     pub(super) lock_id: i64,
     pub(super) generation: u64,
     pub(super) signal: LossSignal,
-    /// Shared with the registry entry: set as the guard drops (see `Held::let_go`).
-    pub(super) let_go: Arc<AtomicBool>,
     /// False once the acquisition was handed to `release` or `leak`.
     pub(super) armed: bool,
 }
@@ -34,7 +31,7 @@ impl<B: Backend> std::fmt::Debug for CoreGuard<B> {
 
 #[async_trait]
 impl<B: Backend> GuardBackend for CoreGuard<B> {
-    async fn release(mut self: Box<Self>) -> Result<bool> {
+    async fn release(mut self: Box<Self>) -> Result<()> {
         let mut recorder = self.core.release_outcome(&self.key, via::GUARD);
         let span = recorder.span().clone();
         // Stay armed until the registry entry is out: if this future is dropped while waiting
@@ -47,24 +44,20 @@ impl<B: Backend> GuardBackend for CoreGuard<B> {
         self.armed = false;
         let Some(held) = held else {
             span.record(telemetry::LOCK_ID, self.lock_id);
-            return match self.signal.cause() {
-                Some(cause) => {
-                    recorder.finish(outcome::LOST, true);
-                    Err(Error::LockLost {
-                        key: self.key.to_string(),
-                        cause,
-                    })
-                }
-                None => {
-                    recorder.finish(outcome::ALREADY_RELEASED, false);
-                    Ok(false)
-                }
+            // Whoever took the entry out fired the signal first, under the registry lock.
+            let cause = self.signal.cause().unwrap_or(crate::LossCause::Released);
+            let ended = if cause.is_release() {
+                outcome::ALREADY_RELEASED
+            } else {
+                outcome::LOST
             };
+            recorder.finish(ended, !cause.is_release());
+            return Err(Error::LockLost {
+                key: self.key.clone(),
+                cause,
+            });
         };
-        self.core
-            .unlock(&self.key, held, recorder)
-            .await
-            .map(|()| true)
+        self.core.unlock(&self.key, held, recorder).await
     }
 
     fn leak(mut self: Box<Self>) {
@@ -81,7 +74,6 @@ impl<B: Backend> Drop for CoreGuard<B> {
         if !self.armed {
             return;
         }
-        self.let_go.store(true, Ordering::SeqCst);
         let core = Arc::clone(&self.core);
         let key = self.key.clone();
         let generation = self.generation;

@@ -34,24 +34,8 @@ pub(crate) use self::slots::Slots;
 use self::spans::Outcome;
 use self::turn::TurnPermit;
 use crate::telemetry::outcome;
+use crate::manager::{AcquireOptions, Wait};
 use crate::{Error, LockGuard, LockInfo, LockKey, LockMode, LockTarget, LossCause, Result};
-
-/// The task (or, outside any task, the thread blocking on a future) that acquired a lock: a
-/// task asking again for a key it holds would wait for itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TaskMark {
-    Task(tokio::task::Id),
-    Thread(std::thread::ThreadId),
-}
-
-impl TaskMark {
-    pub(crate) fn current() -> Self {
-        match tokio::task::try_id() {
-            Some(id) => TaskMark::Task(id),
-            None => TaskMark::Thread(std::thread::current().id()),
-        }
-    }
-}
 
 /// One acquisition request, as the backend sees it.
 #[derive(Debug)]
@@ -76,12 +60,15 @@ impl Request<'_> {
 
     /// The timeout error of this request.
     pub(crate) fn timed_out(&self) -> Error {
-        Error::timeout(&self.key.to_string(), self.timeout.unwrap_or_default())
+        Error::Timeout {
+            key: self.key.clone(),
+            timeout: self.timeout.unwrap_or_default(),
+        }
     }
 
-    /// The key as errors name it.
-    pub(crate) fn name(&self) -> String {
-        self.key.to_string()
+    /// The key, as errors carry it.
+    pub(crate) fn name(&self) -> LockKey {
+        self.key.clone()
     }
 }
 
@@ -200,7 +187,7 @@ pub type Hook =
 
 pub(crate) struct Options {
     pub(crate) metrics: crate::metrics::Metrics,
-    pub(crate) holder_id: Option<String>,
+    pub(crate) holder_id: Arc<str>,
     pub(crate) tracing: bool,
     pub(crate) hook: Option<Hook>,
     pub(crate) handoff: Option<HandoffLimits>,
@@ -233,7 +220,7 @@ pub(crate) struct Core<B: Backend> {
     held: AtomicUsize,
     metrics: crate::metrics::Metrics,
     generations: AtomicU64,
-    holder_id: Option<String>,
+    holder_id: Arc<str>,
     tracing: bool,
     hook: Option<Hook>,
     handoff: Option<HandoffLimits>,
@@ -256,8 +243,8 @@ impl<B: Backend> Core<B> {
         }
     }
 
-    pub(crate) fn holder_id(&self) -> Option<&str> {
-        self.holder_id.as_deref()
+    pub(crate) fn holder_id(&self) -> &str {
+        &self.holder_id
     }
 
     pub(crate) fn held_lock_count(&self) -> usize {
@@ -320,22 +307,7 @@ impl<B: Backend> Core<B> {
     async fn acquire_traced(self: &Arc<Self>, request: &Request<'_>) -> Result<LockGuard> {
         let key = request.key;
         self.checkpoint(Stage::Turn, key).await;
-        let task = TaskMark::current();
-        let turn = {
-            let mut state = self.state.lock().await;
-            // Waiting for a key the calling task holds would wait forever; a key whose guard
-            // the task dropped is being released, and is waited for like any other.
-            if state
-                .held
-                .get(key)
-                .is_some_and(|held| held.task == task && !held.let_go.load(Ordering::SeqCst))
-            {
-                return Err(Error::Reentrant {
-                    key: request.name(),
-                });
-            }
-            state.turn(key)
-        };
+        let turn = self.state.lock().await.turn(key);
         let (permit, handoff) = if request.is_immediate() {
             (turn.try_take().ok_or_else(|| request.timed_out())?, None)
         } else {
@@ -363,7 +335,7 @@ impl<B: Backend> Core<B> {
             }
         };
         self.checkpoint(Stage::Register, key).await;
-        Ok(self.guard(request, granted, permit, task).await)
+        Ok(self.guard(request, granted, permit).await)
     }
 
     /// Registers a granted lock and hands out its guard.
@@ -372,17 +344,15 @@ impl<B: Backend> Core<B> {
         request: &Request<'_>,
         granted: Granted<B::Session>,
         permit: TurnPermit<B::Session>,
-        task: TaskMark,
     ) -> LockGuard {
         let info = self.info(request).with_fencing_token(granted.token);
-        let (generation, signal, let_go) = self.register(request, granted, permit, task).await;
+        let (generation, signal) = self.register(request, granted, permit).await;
         let guard = CoreGuard {
             core: Arc::clone(self),
             key: request.key.clone(),
             lock_id: request.lock_id,
             generation,
             signal,
-            let_go,
             armed: true,
         };
         LockGuard::new(info, Box::new(guard))
@@ -449,19 +419,29 @@ impl<B: Backend> Core<B> {
             handoffs: 0,
         };
         self.checkpoint(Stage::Register, key).await;
-        Ok(Some(
-            self.guard(request, granted, permit, TaskMark::current())
-                .await,
-        ))
+        Ok(Some(self.guard(request, granted, permit).await))
     }
 
     fn info(&self, request: &Request<'_>) -> LockInfo {
-        LockInfo::from_parts(
-            request.key,
+        LockInfo::with_id(
+            request.key.clone(),
             request.lock_id,
-            self.holder_id.clone(),
             request.mode,
+            Arc::clone(&self.holder_id),
         )
+    }
+
+    /// The port's `lock`: an acquisition that waits, or one attempt.
+    pub(crate) async fn lock(
+        self: &Arc<Self>,
+        key: &LockKey,
+        options: AcquireOptions,
+    ) -> Result<Option<LockGuard>> {
+        match options.wait {
+            Wait::No => self.try_acquire(key, options.mode).await,
+            Wait::For(timeout) => self.acquire(key, options.mode, Some(timeout)).await.map(Some),
+            Wait::Forever => self.acquire(key, options.mode, None).await.map(Some),
+        }
     }
 }
 
@@ -471,28 +451,19 @@ macro_rules! delegate_lock_manager {
     ($manager:ty) => {
         #[async_trait::async_trait]
         impl $crate::LockManager for $manager {
-            async fn acquire_key(
+            async fn lock(
                 &self,
                 key: &$crate::LockKey,
-                mode: $crate::LockMode,
-                timeout: Option<std::time::Duration>,
-            ) -> $crate::Result<$crate::LockGuard> {
-                self.core.acquire(key, mode, timeout).await
-            }
-
-            async fn try_acquire_key(
-                &self,
-                key: &$crate::LockKey,
-                mode: $crate::LockMode,
+                options: $crate::AcquireOptions,
             ) -> $crate::Result<Option<$crate::LockGuard>> {
-                self.core.try_acquire(key, mode).await
+                self.core.lock(key, options).await
             }
 
-            async fn release_key(&self, key: &$crate::LockKey) -> $crate::Result<()> {
+            async fn unlock(&self, key: &$crate::LockKey) -> $crate::Result<()> {
                 self.core.release(key).await
             }
 
-            async fn is_key_held(&self, key: &$crate::LockKey) -> bool {
+            async fn holds(&self, key: &$crate::LockKey) -> bool {
                 self.core.is_held(key).await
             }
 
@@ -504,7 +475,7 @@ macro_rules! delegate_lock_manager {
                 self.core.held_lock_count()
             }
 
-            fn holder_id(&self) -> Option<&str> {
+            fn holder_id(&self) -> &str {
                 self.core.holder_id()
             }
         }

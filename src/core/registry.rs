@@ -3,14 +3,14 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use tokio::time::Instant;
 use tracing::{Instrument, Span};
 
 use super::spans::{self, Outcome};
 use super::turn::{Handoff, Turn, TurnPermit};
-use super::{Backend, Core, Request, Slots, Stage, TaskMark};
+use super::{Backend, Core, Request, Slots, Stage};
 use crate::telemetry::{self, outcome, via};
 use crate::{Error, LockKey, LockMode, LockTarget, LossCause, LossSignal, Result};
 
@@ -24,11 +24,6 @@ pub(super) struct Held<S: Send + 'static> {
     pub(super) generation: u64,
     pub(super) target: LockTarget,
     pub(super) mode: LockMode,
-    /// Who acquired it (see `TaskMark`).
-    pub(super) task: TaskMark,
-    /// Set by the guard as it drops, before its release is done: the task that acquired the
-    /// lock no longer holds it, and may wait for the key again.
-    pub(super) let_go: Arc<AtomicBool>,
     pub(super) signal: LossSignal,
     pub(super) registered_at: Instant,
     /// When the server granted the lock this session holds (earlier than `registered_at` after
@@ -88,17 +83,13 @@ impl<B: Backend> Core<B> {
         request: &Request<'_>,
         granted: Granted<B::Session>,
         turn: TurnPermit<B::Session>,
-        task: TaskMark,
-    ) -> (u64, LossSignal, Arc<AtomicBool>) {
+    ) -> (u64, LossSignal) {
         let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
         let signal = LossSignal::new();
-        let let_go = Arc::new(AtomicBool::new(false));
         let held = Held {
             generation,
             target: request.target,
             mode: request.mode,
-            task,
-            let_go: Arc::clone(&let_go),
             signal: signal.clone(),
             registered_at: Instant::now(),
             since: granted.since,
@@ -114,7 +105,7 @@ impl<B: Backend> Core<B> {
             self.set_held(state.held.len());
         }
         B::watch(self);
-        (generation, signal, let_go)
+        (generation, signal)
     }
 
     /// The locks held right now, for the loss detector.
@@ -180,11 +171,16 @@ impl<B: Backend> Core<B> {
         true
     }
 
-    /// Removes `key` from the registry, whoever acquired it.
+    /// Removes `key` from the registry, whoever acquired it, and tells its guard.
     async fn forget(&self, key: &LockKey) -> Option<Held<B::Session>> {
         let mut state = self.state.lock().await;
         let held = state.held.remove(key);
         self.set_held(state.held.len());
+        // Under the registry lock, as for a loss: a guard that finds its entry gone also
+        // finds out why.
+        if let Some(held) = &held {
+            held.signal.declare(LossCause::Released);
+        }
         held
     }
 
@@ -208,9 +204,7 @@ impl<B: Backend> Core<B> {
                 span.record(telemetry::LOCK_ID, key.target().packed());
             }
             recorder.finish(outcome::NOT_HELD, false);
-            return Err(Error::NotHeld {
-                key: key.to_string(),
-            });
+            return Err(Error::NotHeld { key: key.clone() });
         };
         self.unlock(key, held, recorder).await
     }
@@ -218,8 +212,11 @@ impl<B: Backend> Core<B> {
     pub(crate) async fn release_all(&self) -> Result<usize> {
         let drained: Vec<(LockKey, Held<B::Session>)> = {
             let mut state = self.state.lock().await;
-            let drained = state.held.drain().collect();
+            let drained: Vec<(LockKey, Held<B::Session>)> = state.held.drain().collect();
             self.set_held(0);
+            for (_, held) in &drained {
+                held.signal.declare(LossCause::ReleasedAll);
+            }
             drained
         };
         // If this future is dropped part-way, the remaining entries drop with it, and dropping
@@ -239,7 +236,7 @@ impl<B: Backend> Core<B> {
         key: &LockKey,
         generation: u64,
         how: &'static str,
-    ) -> Result<bool> {
+    ) -> Result<()> {
         let mut recorder = self.release_outcome(key, how);
         let span = recorder.span().clone();
         match self
@@ -247,13 +244,13 @@ impl<B: Backend> Core<B> {
             .instrument(span.clone())
             .await
         {
-            Some(held) => self.unlock(key, held, recorder).await.map(|()| true),
+            Some(held) => self.unlock(key, held, recorder).await,
             None => {
                 if self.tracing {
                     span.record(telemetry::LOCK_ID, key.target().packed());
                 }
                 recorder.finish(outcome::ALREADY_RELEASED, false);
-                Ok(false)
+                Ok(())
             }
         }
     }

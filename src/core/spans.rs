@@ -14,7 +14,7 @@ pub(crate) fn acquire_span(
     lock_id: i64,
     mode: LockMode,
     timeout: Option<Duration>,
-    holder_id: Option<&str>,
+    holder_id: &str,
 ) -> Span {
     if !enabled {
         return Span::none();
@@ -41,7 +41,7 @@ pub(crate) fn try_acquire_span(
     key: &LockKey,
     lock_id: i64,
     mode: LockMode,
-    holder_id: Option<&str>,
+    holder_id: &str,
 ) -> Span {
     if !enabled {
         return Span::none();
@@ -61,7 +61,7 @@ pub(crate) fn try_acquire_span(
 pub(crate) fn release_span(
     enabled: bool,
     key: &LockKey,
-    holder_id: Option<&str>,
+    holder_id: &str,
     how: &'static str,
 ) -> Span {
     if !enabled {
@@ -84,7 +84,7 @@ pub(crate) fn lost(
     key: &LockKey,
     lock_id: i64,
     mode: LockMode,
-    holder_id: Option<&str>,
+    holder_id: &str,
     cause: &crate::LossCause,
 ) {
     let span = tracing::warn_span!(

@@ -10,7 +10,7 @@ use tokio::time::{Instant, timeout};
 
 use super::lock_session::{Lease, SessionError};
 use super::monitor::Monitor;
-use super::sessions::LockSessions;
+use super::sessions::{LockSessions, Unavailable};
 use super::statements::{Statements, target_args};
 use super::wait_session::{IdleSessions, PgSession};
 use crate::core::{Backend, Core, Request};
@@ -22,8 +22,6 @@ pub(crate) struct PgBackend {
     pub(crate) sessions: LockSessions,
     /// How long a release waits for the server to confirm a wait session's unlock.
     pub(crate) release_timeout: Duration,
-    /// How long an operation with no deadline of its own waits for a lock session.
-    pub(crate) session_timeout: Duration,
     /// How long past the deadline the client waits for the server's own `lock_timeout` answer
     /// before it gives up on a wait session (a server that does not answer at all).
     pub(crate) answer_grace: Duration,
@@ -47,20 +45,23 @@ impl PgBackend {
     /// One try on a lock session. A session that turns out to have closed while idle (a server
     /// restart, a terminated backend) is replaced, as long as the deadline allows, so callers
     /// see the server's answer rather than a stale connection.
+    ///
+    /// The caller's deadline bounds getting the session; a request with none (a try, a zero
+    /// timeout, or no timeout at all) waits for it as long as the pool's `acquire_timeout`.
     async fn try_on_lock_session(&self, req: &Request<'_>) -> Result<Option<(Hold, Option<i64>)>> {
         let mut retries = 2;
         loop {
-            let bound = Instant::now() + self.session_timeout;
             let deadline = req.deadline.filter(|_| !req.is_immediate());
-            let session = self
-                .sessions
-                .get(&req.name(), deadline.map_or(bound, |d| d.min(bound)))
-                .await?;
+            let session = match self.sessions.get(deadline).await {
+                Ok(session) => session,
+                Err(Unavailable::Deadline) => return Err(req.timed_out()),
+                Err(Unavailable::Failed(failure)) => return Err(failure.into_error(req.key)),
+            };
             match session.try_lock(req.target, req.mode, deadline).await {
                 Ok(granted) => {
                     return Ok(granted.map(|(lease, token)| (Hold::Shared(lease), token)));
                 }
-                Err(SessionError::Closed(_))
+                Err(SessionError::Closed(_) | SessionError::Unanswered(_))
                     if retries > 0 && deadline.is_none_or(|d| Instant::now() < d) =>
                 {
                     retries -= 1;
@@ -71,8 +72,9 @@ impl PgBackend {
         }
     }
 
-    /// Creates the fencing table if fencing is on and it has not been done yet.
-    pub(crate) async fn ensure_fencing(&self, key: &str) -> Result<()> {
+    /// Checks the fencing table (creating it where the role may) if fencing is on and that
+    /// has not been done yet.
+    pub(crate) async fn ensure_fencing(&self, key: &LockKey) -> Result<()> {
         let Some(table) = &self.statements.fencing else {
             return Ok(());
         };
@@ -83,10 +85,10 @@ impl PgBackend {
             .map_err(|err| super::errors::connection_error(key, err))?;
         let mut session = PgSession::new(conn, Arc::clone(&self.idle));
         self.fencing_ready
-            .get_or_try_init(|| session.create_fencing_table(table))
+            .get_or_try_init(|| session.prepare_fencing_table(table))
             .await
             .map(|_| ())
-            .map_err(|err| super::errors::statement_error(key, None, err))
+            .map_err(|failure| failure.into_error(key))
     }
 }
 
@@ -94,8 +96,8 @@ impl PgBackend {
 fn acquire_error(req: &Request<'_>, err: SessionError) -> Error {
     match err {
         SessionError::Deadline => req.timed_out(),
-        SessionError::Database(err) => Error::database(&req.name(), req.timeout, err),
-        SessionError::Closed(Some(err)) => super::errors::connection_error(&req.name(), err),
+        SessionError::Database(err) => super::errors::refusal(req.key, err),
+        SessionError::Closed(Some(err)) => super::errors::connection_error(req.key, err),
         SessionError::Closed(None) => Error::Connection {
             key: req.name(),
             reason: "the lock session closed".to_owned(),
@@ -119,7 +121,7 @@ fn release_error(key: &LockKey, err: SessionError) -> Error {
         SessionError::Pooled => (ReleaseFailure::TransactionPooling, None),
     };
     Error::ReleaseFailed {
-        key: key.to_string(),
+        key: key.clone(),
         reason,
         source,
     }
@@ -163,7 +165,7 @@ impl Backend for PgBackend {
             Hold::Shared(lease) => match lease.unlock().await {
                 Ok(true) => Ok(()),
                 Ok(false) => Err(Error::ReleaseFailed {
-                    key: key.to_string(),
+                    key: key.clone(),
                     reason: ReleaseFailure::NotHeldOnServer,
                     source: None,
                 }),
@@ -210,7 +212,7 @@ impl PgBackend {
             Err(_) => (ReleaseFailure::Timeout(self.release_timeout), None),
         };
         Err(Error::ReleaseFailed {
-            key: key.to_string(),
+            key: key.clone(),
             reason,
             source,
         })

@@ -31,7 +31,6 @@ pub struct PostgresLockManagerBuilder {
     handoff: Option<HandoffLimits>,
     idle_sessions: (usize, Duration),
     lock_sessions: usize,
-    session_timeout: Duration,
     session_idle_timeout: Duration,
     allow_standby: bool,
     meter: crate::metrics::MeterChoice,
@@ -53,7 +52,6 @@ impl PostgresLockManagerBuilder {
             handoff: Some(HandoffLimits::DEFAULT),
             idle_sessions: (usize::MAX, Duration::from_millis(250)),
             lock_sessions: 2,
-            session_timeout: Duration::from_secs(2),
             session_idle_timeout: Duration::from_secs(10),
             allow_standby: false,
             meter: Default::default(),
@@ -116,14 +114,6 @@ impl PostgresLockManagerBuilder {
     /// this cap, only when all are busy. Default: 2. At least 1.
     pub fn lock_sessions(mut self, max: usize) -> Self {
         self.lock_sessions = max.max(1);
-        self
-    }
-
-    /// How long an acquisition waits for a lock session when none is open (the pool checkout
-    /// and the session's set-up), before it fails with a typed error. An `acquire` with a
-    /// shorter deadline waits only until its deadline. Default: 2 seconds.
-    pub fn session_timeout(mut self, timeout: Duration) -> Self {
-        self.session_timeout = timeout;
         self
     }
 
@@ -274,7 +264,7 @@ impl PostgresLockManagerBuilder {
             self.pool.clone(),
             SessionsConfig {
                 max: self.lock_sessions,
-                open_timeout: self.session_timeout,
+                statement_timeout: self.release_timeout,
                 allow_standby: self.allow_standby,
             },
             context,
@@ -288,14 +278,13 @@ impl PostgresLockManagerBuilder {
             monitor,
             pool: self.pool,
             release_timeout: self.release_timeout,
-            session_timeout: self.session_timeout,
             answer_grace: Duration::from_millis(250),
             allow_standby: self.allow_standby,
             idle: IdleSessions::new(self.idle_sessions.0, self.idle_sessions.1),
         };
         let options = Options {
             metrics: crate::metrics::Metrics::build(self.meter, &holder_id),
-            holder_id: Some(holder_id),
+            holder_id: holder_id.into(),
             tracing: self.tracing,
             hook: self.hook,
             defer_drops: self.defer_drops,
@@ -334,7 +323,6 @@ impl fmt::Debug for PostgresLockManagerBuilder {
             .field("probe_grace", &self.probe_grace)
             .field("handoff", &self.handoff)
             .field("lock_sessions", &self.lock_sessions)
-            .field("session_timeout", &self.session_timeout)
             .field("session_idle_timeout", &self.session_idle_timeout)
             .field("allow_standby", &self.allow_standby)
             .field("idle_sessions", &self.idle_sessions)

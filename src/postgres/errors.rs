@@ -4,12 +4,16 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use crate::Error;
+use crate::{Error, LockKey};
 
 /// SQLSTATE `lock_not_available`: `lock_timeout` expired while waiting, so nothing was granted.
 pub(crate) const LOCK_NOT_AVAILABLE: &str = "55P03";
 /// SQLSTATE `too_many_connections`.
 const TOO_MANY_CONNECTIONS: &str = "53300";
+/// SQLSTATE `out_of_memory`: for a lock statement, the shared lock table is full.
+const OUT_OF_MEMORY: &str = "53200";
+/// SQLSTATE `insufficient_privilege`.
+const INSUFFICIENT_PRIVILEGE: &str = "42501";
 
 pub(crate) fn has_sqlstate(err: &sqlx::Error, code: &str) -> bool {
     err.as_database_error()
@@ -41,7 +45,16 @@ pub(crate) enum Failure {
     TooManyConnections(String),
     Standby,
     TransactionPooling,
-    Connection(String),
+    PermissionDenied {
+        object: String,
+        privilege: String,
+    },
+    /// `transient`: trying again later may succeed (the network, a restarting or busy server),
+    /// as opposed to a refusal that will stand (authentication, a missing database).
+    Connection {
+        reason: String,
+        transient: bool,
+    },
 }
 
 /// How long a failed checkout may spend asking the server why, on top of the time its caller
@@ -62,7 +75,30 @@ impl Failure {
             err if has_sqlstate(err, TOO_MANY_CONNECTIONS) => {
                 Failure::TooManyConnections(err.to_string())
             }
-            err => Failure::Connection(err.to_string()),
+            err if has_sqlstate(err, INSUFFICIENT_PRIVILEGE) => Failure::PermissionDenied {
+                object: denied_object(err),
+                privilege: "the privilege the statement needs (see the table's documentation)"
+                    .to_owned(),
+            },
+            err => Failure::Connection {
+                reason: err.to_string(),
+                // The server answered with an error of its own that is not about the
+                // connection (a password, a database name): asking again changes nothing.
+                transient: !matches!(err, sqlx::Error::Database(_)) || breaks_connection(err),
+            },
+        }
+    }
+
+    /// True when waiting and trying again may succeed: no connection was free, or none could
+    /// be opened for a reason that passes.
+    pub(crate) fn is_transient(&self) -> bool {
+        match self {
+            Failure::PoolExhausted { .. } | Failure::TooManyConnections(_) => true,
+            Failure::Connection { transient, .. } => *transient,
+            Failure::PoolClosed
+            | Failure::Standby
+            | Failure::TransactionPooling
+            | Failure::PermissionDenied { .. } => false,
         }
     }
 
@@ -90,20 +126,26 @@ impl Failure {
             Ok(Err(err)) => Failure::from_sqlx(&err),
             Ok(Ok(conn)) => {
                 drop(sqlx::Connection::close(conn));
-                Failure::Connection(format!(
-                    "no connection could be opened within {waited:?}, although the server \
-                     accepts one now (it may have been restarting or overloaded)"
-                ))
+                Failure::Connection {
+                    reason: format!(
+                        "no connection could be opened within {waited:?}, although the server \
+                         accepts one now (it may have been restarting or overloaded)"
+                    ),
+                    transient: true,
+                }
             }
-            Err(_) => Failure::Connection(format!(
-                "no connection could be opened within {waited:?}, and the server did not answer \
-                 a new one within {DIAGNOSIS:?}"
-            )),
+            Err(_) => Failure::Connection {
+                reason: format!(
+                    "no connection could be opened within {waited:?}, and the server did not \
+                     answer a new one within {DIAGNOSIS:?}"
+                ),
+                transient: true,
+            },
         }
     }
 
-    pub(crate) fn into_error(self, key: &str) -> Error {
-        let key = key.to_owned();
+    pub(crate) fn into_error(self, key: &LockKey) -> Error {
+        let key = key.clone();
         match self {
             Failure::PoolExhausted {
                 max_connections,
@@ -117,7 +159,13 @@ impl Failure {
             Failure::TooManyConnections(reason) => Error::TooManyConnections { key, reason },
             Failure::Standby => Error::Standby { key },
             Failure::TransactionPooling => Error::TransactionPooling { key },
-            Failure::Connection(reason) => Error::Connection {
+            Failure::PermissionDenied { object, privilege } => Error::PermissionDenied {
+                key,
+                object,
+                privilege,
+                source: None,
+            },
+            Failure::Connection { reason, .. } => Error::Connection {
                 key,
                 reason,
                 source: None,
@@ -126,20 +174,52 @@ impl Failure {
     }
 }
 
-/// Classifies a failed lock statement; `Connection` when the session broke, otherwise the
-/// server's refusal.
-pub(crate) fn statement_error(key: &str, timeout: Option<Duration>, err: sqlx::Error) -> Error {
+/// Classifies a failed lock statement: `Connection` when the session broke, otherwise the
+/// server's refusal (see [`refusal`]).
+pub(crate) fn statement_error(key: &LockKey, err: sqlx::Error) -> Error {
     if breaks_connection(&err) {
         connection_error(key, err)
     } else {
-        Error::database(key, timeout, err)
+        refusal(key, err)
     }
 }
 
-pub(crate) fn connection_error(key: &str, err: sqlx::Error) -> Error {
+/// What a lock statement the server refused (the session goes on) means: a full lock table
+/// and a missing privilege are errors of their own, anything else the server's message.
+pub(crate) fn refusal(key: &LockKey, err: sqlx::Error) -> Error {
+    let key = key.clone();
+    if has_sqlstate(&err, OUT_OF_MEMORY) {
+        return Error::LockTableFull { key, source: err };
+    }
+    if has_sqlstate(&err, INSUFFICIENT_PRIVILEGE) {
+        return Error::PermissionDenied {
+            key,
+            object: denied_object(&err),
+            privilege: "the privilege the statement needs (see the table's documentation)"
+                .to_owned(),
+            source: Some(err),
+        };
+    }
+    Error::Database { key, source: err }
+}
+
+/// The object a permission error names: "permission denied for table t" gives "table t" (the
+/// server names the object, not the privilege).
+fn denied_object(err: &sqlx::Error) -> String {
+    let message = err
+        .as_database_error()
+        .map(|db| db.message().to_owned())
+        .unwrap_or_default();
+    message
+        .strip_prefix("permission denied for ")
+        .unwrap_or(&message)
+        .to_owned()
+}
+
+pub(crate) fn connection_error(key: &LockKey, err: sqlx::Error) -> Error {
     match Failure::from_sqlx(&err) {
-        Failure::Connection(reason) => Error::Connection {
-            key: key.to_owned(),
+        Failure::Connection { reason, .. } => Error::Connection {
+            key: key.clone(),
             reason,
             source: Some(err),
         },

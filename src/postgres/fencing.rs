@@ -2,7 +2,8 @@
 
 use std::fmt;
 
-use crate::Result;
+use super::table::OwnTable;
+use crate::error::InvalidIdentifier;
 
 /// The table in which [`PostgresLockManager`](crate::PostgresLockManager) keeps its fencing
 /// tokens: one row per lock id, holding the last token minted for it.
@@ -44,10 +45,29 @@ use crate::Result;
 /// the server's `fsync`, as for any commit. See `docs/failure-model.md`.
 ///
 /// The name is used as given, quoted as an identifier (so it is case-sensitive and any
-/// character is allowed); `schema.table` names a table in a schema. The table is created on
-/// first use if it does not exist (concurrent creators are serialised), or up front with
-/// [`PostgresLockManager::ensure_fencing_table`](crate::PostgresLockManager::ensure_fencing_table),
-/// or by your own migrations with [`ddl`](FencingTable::ddl).
+/// character is allowed); `schema.table` names a table in a schema, and an unqualified name
+/// is looked up (and created) by the role's `search_path`.
+///
+/// # Creating the table, and the role that uses it
+///
+/// Before its first fenced acquisition, the manager checks that the table exists and that its
+/// role may use it, in one round trip. If the table is missing and the role may create tables
+/// in the schema, the manager creates it (concurrent creators are serialised); if the role may
+/// not, the acquisition fails with [`Error::PermissionDenied`](crate::Error::PermissionDenied)
+/// naming the schema and `CREATE`. An application role that owns nothing works when the table
+/// was made by your migrations, with [`ddl`](FencingTable::ddl), and granted:
+///
+/// ```sql
+/// -- as the owner, in a migration
+/// CREATE TABLE IF NOT EXISTS pglock_fencing_tokens (lock_id bigint PRIMARY KEY,
+///   token bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now());
+/// GRANT SELECT, INSERT, UPDATE ON pglock_fencing_tokens TO app;
+/// ```
+///
+/// A missing grant is [`Error::PermissionDenied`](crate::Error::PermissionDenied) naming the
+/// table and the privileges missing, at the first fenced acquisition, never a connection
+/// error. [`PostgresLockManager::ensure_fencing_table`](crate::PostgresLockManager::ensure_fencing_table)
+/// runs the same check up front, at start-up.
 ///
 /// ```
 /// use pglock::FencingTable;
@@ -55,11 +75,11 @@ use crate::Result;
 /// let table = FencingTable::new("locks.fencing_tokens")?;
 /// assert_eq!(table.to_string(), r#""locks"."fencing_tokens""#);
 /// assert!(FencingTable::new("").is_err());
-/// # Ok::<(), pglock::Error>(())
+/// # Ok::<(), pglock::InvalidIdentifier>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FencingTable {
-    quoted: String,
+    table: OwnTable,
 }
 
 impl FencingTable {
@@ -70,13 +90,17 @@ impl FencingTable {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidIdentifier`](crate::Error::InvalidIdentifier) when a part is empty,
-    /// longer than PostgreSQL's 63 bytes, or contains a NUL byte, or when the name has more
-    /// than two parts.
-    pub fn new(name: &str) -> Result<Self> {
+    /// [`InvalidIdentifier`] when a part is empty, longer than PostgreSQL's 63 bytes, or
+    /// contains a NUL byte, or when the name has more than two parts.
+    pub fn new(name: &str) -> Result<Self, InvalidIdentifier> {
         Ok(FencingTable {
-            quoted: crate::fence::quote_identifier(name, true)?,
+            table: OwnTable::new(name)?,
         })
+    }
+
+    /// The table, for making it ready.
+    pub(crate) fn table(&self) -> &OwnTable {
+        &self.table
     }
 
     /// The statement that creates the table if it does not exist.
@@ -84,7 +108,7 @@ impl FencingTable {
         format!(
             "CREATE TABLE IF NOT EXISTS {} (lock_id bigint PRIMARY KEY, token bigint NOT NULL, \
              updated_at timestamptz NOT NULL DEFAULT now())",
-            self.quoted
+            self.table.quoted()
         )
     }
 
@@ -93,7 +117,7 @@ impl FencingTable {
     pub(crate) fn mint(&self, id: &str) -> String {
         format!(
             "INSERT INTO {t} AS f (lock_id, token) SELECT {id}, {EPOCH} + 1 WHERE {DURABLE} {NEXT}",
-            t = self.quoted
+            t = self.table.quoted()
         )
     }
 
@@ -103,17 +127,7 @@ impl FencingTable {
         format!(
             "INSERT INTO {t} AS f (lock_id, token) SELECT {id}, {EPOCH} + 1 FROM {source} \
              WHERE {source}.granted AND {DURABLE} {NEXT}",
-            t = self.quoted
-        )
-    }
-
-    /// Creates the table in one transaction, serialised with every other creator by an
-    /// advisory lock, since concurrent `CREATE TABLE IF NOT EXISTS` can collide.
-    pub(crate) fn setup(&self) -> String {
-        format!(
-            "BEGIN; SELECT pg_advisory_xact_lock({}); {}; COMMIT",
-            crate::lock_id("pglock:fencing-table-setup"),
-            self.ddl()
+            t = self.table.quoted()
         )
     }
 }
@@ -147,14 +161,13 @@ impl Default for FencingTable {
 
 impl fmt::Display for FencingTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.quoted)
+        f.write_str(self.table.quoted())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Error;
 
     #[test]
     fn names_are_quoted_whatever_they_contain() {
@@ -170,7 +183,7 @@ mod tests {
         );
         for bad in ["", "a.", ".b", "a.b.c", "nul\0", &"x".repeat(64)] {
             assert!(
-                matches!(FencingTable::new(bad), Err(Error::InvalidIdentifier { .. })),
+                FencingTable::new(bad).is_err(),
                 "{bad:?}"
             );
         }

@@ -13,12 +13,13 @@
 
 mod backend;
 mod builder;
-mod errors;
+pub(crate) mod errors;
 mod fencing;
 mod lock_session;
 mod monitor;
 mod sessions;
-mod statements;
+pub(crate) mod statements;
+pub(crate) mod table;
 mod wait;
 mod wait_session;
 
@@ -79,26 +80,32 @@ use crate::core::{Core, delegate_lock_manager};
 ///
 /// * **`try_acquire(key)`** is one `pg_try_advisory_lock` on a lock session: one round trip,
 ///   no pool checkout once a lock session is open. `None` means held, by anyone, including
-///   this manager. When no lock session can be opened within
-///   [`session_timeout`](PostgresLockManagerBuilder::session_timeout), it fails with a typed
-///   error ([`Error::PoolExhausted`](crate::Error::PoolExhausted),
-///   [`Error::TooManyConnections`](crate::Error::TooManyConnections), ...), never after the
-///   pool's own `acquire_timeout`.
+///   this manager.
 /// * **`acquire(key, timeout)`** first tries the same way. If the key is held elsewhere it
 ///   waits on the server, in PostgreSQL's FIFO lock queue, on a session of its own: one
 ///   simple-query message sets `lock_timeout` for that statement only and calls
 ///   `pg_advisory_lock`, so the server ends the wait at the deadline and the session stays
 ///   clean. There is no client-side polling.
-/// * **Deadlines.** `Some(t)` is one deadline, `t` from the call, covering the wait for this
-///   manager's own turn on the key, getting a session, and the wait on the server.
-///   `Some(Duration::ZERO)` is exactly one try. `None` waits for the holder for as long as it
-///   takes, and so does a deadline too far away for the clock (such as `Duration::MAX`);
-///   deadlines beyond PostgreSQL's largest `lock_timeout` (about 24 days) are waited out in
-///   steps. Getting a connection stays bounded even then (`session_timeout` for a lock
-///   session, the pool's `acquire_timeout` for a connection to wait on), so a server that
-///   cannot be reached or a pool that is full is an error, not an endless wait.
+/// * **Deadlines.** `Some(t)` is the only bound: one deadline, `t` from the call, covering the
+///   wait for this manager's own turn on the key, getting a lock session or a connection to
+///   wait on (a checkout the pool's own `acquire_timeout` cuts short is started again while
+///   time remains), and the wait on the server. When it runs out, at whatever stage, the
+///   call fails with [`Error::Timeout`](crate::Error::Timeout). `Some(Duration::ZERO)` is
+///   exactly one try. `None` waits for the holder for as long as it takes, and so does a
+///   deadline too far away for the clock (such as `Duration::MAX`); deadlines beyond
+///   PostgreSQL's largest `lock_timeout` (about 24 days) are waited out in steps.
+/// * **Without a deadline** (`None`, `try_acquire`, a zero timeout), getting a connection is
+///   bounded by the pool's `acquire_timeout` (sqlx's default: 30 s) plus the new session's
+///   set-up statement (bounded by [`release_timeout`](PostgresLockManagerBuilder::release_timeout)),
+///   so a full pool or an unreachable server is a typed error
+///   ([`Error::PoolExhausted`](crate::Error::PoolExhausted),
+///   [`Error::TooManyConnections`](crate::Error::TooManyConnections),
+///   [`Error::Connection`](crate::Error::Connection), ...), not an endless wait. This is the
+///   only case where a connection is given up on before the caller's deadline; set the pool's
+///   `acquire_timeout` to tune it.
 /// * **A key this manager already holds** is never requested twice from the server: `acquire`
-///   waits in-process behind the local holder (bounded by its deadline), `try_acquire` returns
+///   waits in-process behind the local holder (bounded by its deadline), whether it comes
+///   from another task or from a sibling future of the holder's task; `try_acquire` returns
 ///   `None`. A lock is never stacked (PostgreSQL's advisory locks are re-entrant per session).
 /// * **Locks are held in autocommit.** A holding session is `idle`, never
 ///   `idle in transaction`: it does not hold back VACUUM and is not subject to
@@ -120,8 +127,8 @@ use crate::core::{Core, delegate_lock_manager};
 /// locks of that session are lost, the others are untouched. When the server cannot be asked,
 /// held locks are declared lost once the interval plus
 /// [`probe_grace`](PostgresLockManagerBuilder::probe_grace) has passed since they were last
-/// confirmed. A lost lock leaves the registry and its guard's [`lost`](crate::LockGuard::lost)
-/// signal fires. `docs/failure-model.md` has the measured latencies and the limits.
+/// confirmed. A lost lock leaves the registry and its guard's
+/// [`loss_signal`](crate::LockGuard::loss_signal) fires. `docs/failure-model.md` has the measured latencies and the limits.
 ///
 /// # Cancel safety
 ///
@@ -174,7 +181,7 @@ impl PostgresLockManager {
     pub async fn ensure_fencing_table(&self) -> crate::Result<()> {
         self.core
             .backend
-            .ensure_fencing("pglock:fencing-table-setup")
+            .ensure_fencing(&crate::LockKey::from("pglock:fencing-table-setup"))
             .await
     }
 }

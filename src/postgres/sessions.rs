@@ -18,8 +18,8 @@ use crate::Result;
 pub(crate) struct SessionsConfig {
     /// At most this many lock sessions at once.
     pub(crate) max: usize,
-    /// How long opening a session (pool checkout and set-up) may take.
-    pub(crate) open_timeout: Duration,
+    /// How long a set-up statement of a new session may go unanswered.
+    pub(crate) statement_timeout: Duration,
     /// Whether sessions on a standby are accepted.
     pub(crate) allow_standby: bool,
 }
@@ -81,12 +81,18 @@ impl LockSessions {
     }
 
     /// A lock session to run a try on: the least busy open one, without waiting. Opens one if
-    /// none is open (waiting until `deadline` for it), and another in the background when all
-    /// are busy and the cap allows.
+    /// none is open, and another in the background when all are busy and the cap allows.
+    ///
+    /// With a `deadline`, waits for a session until then and only then: an opening that fails
+    /// for want of a connection (a full pool, a server refusing more clients) is started again
+    /// while time remains, and the deadline's passing is [`Unavailable::Deadline`]. Without
+    /// one, waits for the opening under way, which the pool's `acquire_timeout` bounds.
     ///
     /// Cancel safe: openings run on tasks of their own and complete either way.
-    pub(crate) async fn get(&self, key: &str, deadline: Instant) -> Result<Arc<LockSession>> {
-        let started = Instant::now();
+    pub(crate) async fn get(
+        &self,
+        deadline: Option<Instant>,
+    ) -> Result<Arc<LockSession>, Unavailable> {
         // Only openings started after this call count: an older one may have failed for a
         // reason that no longer holds.
         let mut attempts_before = None;
@@ -105,25 +111,37 @@ impl LockSessions {
                     }
                     return Ok(best);
                 }
-                if let Some((_, failure)) = state.failure.as_ref().filter(|(n, _)| *n > seen) {
-                    return Err(failure.clone().into_error(key));
+                if let Some((n, failure)) = state.failure.as_ref().filter(|(n, _)| *n > seen) {
+                    let time_left = deadline.is_some_and(|d| Instant::now() < d);
+                    if !(time_left && failure.is_transient()) {
+                        return Err(Unavailable::Failed(failure.clone()));
+                    }
+                    // The caller still has time: this failure is not an answer yet.
+                    attempts_before = Some(*n);
                 }
                 if state.opening == 0 {
                     self.inner.open_in_background(&mut state);
                 }
             }
-            if timeout_at(deadline, changed).await.is_err() {
-                // Boxed: the cold path would otherwise bloat every acquisition's future.
-                let failure = Box::pin(Failure::from_checkout(
-                    &self.inner.pool,
-                    sqlx::Error::PoolTimedOut,
-                    started.elapsed(),
-                ))
-                .await;
-                return Err(failure.into_error(key));
+            match deadline {
+                Some(deadline) => {
+                    if timeout_at(deadline, changed).await.is_err() {
+                        return Err(Unavailable::Deadline);
+                    }
+                }
+                None => changed.await,
             }
         }
     }
+}
+
+/// Why no lock session could be had.
+#[derive(Debug)]
+pub(crate) enum Unavailable {
+    /// The caller's deadline passed first.
+    Deadline,
+    /// Opening one failed.
+    Failed(Failure),
 }
 
 /// How many locks a session carries before the manager opens another (up to the cap) to spread
@@ -156,16 +174,7 @@ impl Inner {
     }
 
     async fn open(self: Arc<Self>, attempt: u64) {
-        let started = Instant::now();
-        let opened = match timeout(self.config.open_timeout, self.connect()).await {
-            Ok(opened) => opened,
-            Err(_) => Err(Failure::from_checkout(
-                &self.pool,
-                sqlx::Error::PoolTimedOut,
-                started.elapsed(),
-            )
-            .await),
-        };
+        let opened = self.connect().await;
         {
             let mut state = self.state();
             state.opening -= 1;
@@ -180,7 +189,8 @@ impl Inner {
         self.changed.notify_waiters();
     }
 
-    /// Checks a connection out, sets it up and starts its task.
+    /// Checks a connection out (within the pool's `acquire_timeout`), sets it up (each
+    /// statement within the statement timeout) and starts its task.
     async fn connect(self: &Arc<Self>) -> std::result::Result<Arc<LockSession>, Failure> {
         let started = Instant::now();
         let conn = match self.pool.acquire().await {
@@ -191,9 +201,14 @@ impl Inner {
         };
         let mut session = PgSession::new(conn, Arc::clone(&self.returns));
         let statements = &self.context.statements;
-        let standby = session
-            .set_up(statements.tag.as_deref())
+        let bound = self.config.statement_timeout;
+        let unanswered = || Failure::Connection {
+            reason: format!("a new lock session's set-up went unanswered for {bound:?}"),
+            transient: true,
+        };
+        let standby = timeout(bound, session.set_up(statements.tag.as_deref()))
             .await
+            .map_err(|_| unanswered())?
             .map_err(|err| Failure::from_sqlx(&err))?;
         if standby && !self.config.allow_standby {
             // Closed, not pooled: a connection to a standby is of no use to this pool, and
@@ -202,10 +217,10 @@ impl Inner {
             return Err(Failure::Standby);
         }
         if let Some(table) = &statements.fencing {
-            self.fencing_ready
-                .get_or_try_init(|| session.create_fencing_table(table))
-                .await
-                .map_err(|err| Failure::from_sqlx(&err))?;
+            let ready = self
+                .fencing_ready
+                .get_or_try_init(|| session.prepare_fencing_table(table));
+            timeout(bound, ready).await.map_err(|_| unanswered())??;
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let me: Weak<Inner> = Arc::downgrade(self);

@@ -17,6 +17,12 @@ const CLIENT_CHECK_MS: u32 = 200;
 /// PostgreSQL's largest `lock_timeout`, in milliseconds; longer waits are split.
 pub(crate) const MAX_LOCK_TIMEOUT_MS: u128 = i32::MAX as u128;
 
+/// A duration in whole milliseconds, rounded up: a server-side timeout made of it never ends
+/// before the duration has.
+pub(crate) fn whole_ms(duration: std::time::Duration) -> u128 {
+    duration.as_nanos().div_ceil(1_000_000)
+}
+
 /// Sets up a session the manager is about to use: reports its process id, the name to restore
 /// later and whether the server is a standby, and (when `$1` is not null) tags it.
 pub(crate) const SETUP: &str = "SELECT pg_backend_pid(), current_setting('application_name'), \

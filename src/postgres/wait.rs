@@ -12,7 +12,7 @@ use tokio::time::{Instant, timeout_at};
 
 use super::backend::PgBackend;
 use super::errors::{Failure, LOCK_NOT_AVAILABLE, connection_error, has_sqlstate, statement_error};
-use super::statements::MAX_LOCK_TIMEOUT_MS;
+use super::statements::{MAX_LOCK_TIMEOUT_MS, whole_ms};
 use super::wait_session::PgSession;
 use crate::core::Request;
 use crate::{Error, Result};
@@ -38,41 +38,53 @@ impl PgBackend {
         }
     }
 
-    /// A clean kept session, or a pool checkout within the request's deadline (the pool's own
-    /// `acquire_timeout` without one).
+    /// A clean kept session, or a pool checkout: until the request's deadline, checking out
+    /// again whenever the pool's own `acquire_timeout` runs out first; without a deadline,
+    /// within the pool's `acquire_timeout`.
     async fn checkout(&self, req: &Request<'_>) -> Result<PgSession> {
         if let Some(session) = self.idle.take() {
             return Ok(session);
         }
         let started = Instant::now();
-        // sqlx's checkout future is several kilobytes: boxed, it does not bloat every future
-        // that awaits a lock.
-        let checkout = Box::pin(self.pool.acquire());
-        let checked_out = match req.deadline {
-            Some(deadline) => timeout_at(deadline, checkout)
-                .await
-                .unwrap_or(Err(sqlx::Error::PoolTimedOut)),
-            None => checkout.await,
-        };
-        match checked_out {
-            Ok(conn) => Ok(PgSession::new(conn, Arc::clone(&self.idle))),
-            Err(err) => Err(Failure::from_checkout(&self.pool, err, started.elapsed())
-                .await
-                .into_error(&req.name())),
+        loop {
+            // sqlx's checkout future is several kilobytes: boxed, it does not bloat every
+            // future that awaits a lock.
+            let checkout = Box::pin(self.pool.acquire());
+            let checked_out = match req.deadline {
+                Some(deadline) => match timeout_at(deadline, checkout).await {
+                    Ok(checked_out) => checked_out,
+                    Err(_) => return Err(req.timed_out()),
+                },
+                None => checkout.await,
+            };
+            let err = match checked_out {
+                Ok(conn) => return Ok(PgSession::new(conn, Arc::clone(&self.idle))),
+                Err(err) => err,
+            };
+            let failure = Failure::from_checkout(&self.pool, err, started.elapsed()).await;
+            let time_left = req.deadline.is_some_and(|d| Instant::now() < d);
+            if !(time_left && failure.is_transient()) {
+                return Err(failure.into_error(req.key));
+            }
         }
     }
 
     async fn wait_on(&self, session: &mut PgSession, req: &Request<'_>) -> Result<Option<i64>> {
         if !session.is_set_up() {
-            let standby = session
-                .set_up(self.statements.tag.as_deref())
-                .await
-                .map_err(|err| statement_error(&req.name(), req.timeout, err))?;
+            let set_up = session.set_up(self.statements.tag.as_deref());
+            let answered = match req.deadline {
+                // A set-up cut short leaves the connection mid-statement: it is closed.
+                Some(deadline) => timeout_at(deadline, set_up)
+                    .await
+                    .map_err(|_| req.timed_out())?,
+                None => set_up.await,
+            };
+            let standby = answered.map_err(|err| statement_error(req.key, err))?;
             if standby && !self.allow_standby {
                 // Closed, not kept: a kept session counts as set up, and would be waited on
                 // without this check.
                 session.mark_dirty();
-                return Err(Failure::Standby.into_error(&req.name()));
+                return Err(Failure::Standby.into_error(req.key));
             }
         }
         loop {
@@ -81,7 +93,7 @@ impl PgBackend {
                 Some(deadline) => {
                     // Round up, so the server never gives up before the deadline.
                     let left = deadline.saturating_duration_since(Instant::now());
-                    match left.as_nanos().div_ceil(1_000_000) {
+                    match whole_ms(left) {
                         0 => return Err(req.timed_out()),
                         ms => Some(ms),
                     }
@@ -147,7 +159,7 @@ impl PgBackend {
                 key: req.name(),
             })),
             Ok(Waited::NoRow) => Err(WaitEnd::Failed(connection_error(
-                &req.name(),
+                req.key,
                 sqlx::Error::Protocol("the lock statement returned no row".into()),
             ))),
             Err(err) if has_sqlstate(&err, LOCK_NOT_AVAILABLE) && timeout_ms.is_some() => {
@@ -155,11 +167,7 @@ impl PgBackend {
                 session.mark_clean();
                 Err(WaitEnd::TimedOut)
             }
-            Err(err) => Err(WaitEnd::Failed(statement_error(
-                &req.name(),
-                req.timeout,
-                err,
-            ))),
+            Err(err) => Err(WaitEnd::Failed(statement_error(req.key, err))),
         }
     }
 
@@ -176,7 +184,7 @@ impl PgBackend {
             .bind(req.lock_id)
             .fetch_one(session.conn())
             .await
-            .map_err(|err| statement_error(&req.name(), req.timeout, err))?;
+            .map_err(|err| statement_error(req.key, err))?;
         // The session still holds the lock: it stays dirty until unlocked.
         Ok(Some(token))
     }

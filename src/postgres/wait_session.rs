@@ -201,17 +201,31 @@ impl PgSession {
         Ok(standby)
     }
 
-    /// Creates the fencing table if it does not exist (one transaction, serialised with other
-    /// creators).
-    pub(crate) async fn create_fencing_table(
+    /// Makes sure the role can mint tokens in the fencing table, creating it where it is
+    /// missing and the role may (see `OwnTable::prepare`).
+    pub(crate) async fn prepare_fencing_table(
         &mut self,
         table: &super::fencing::FencingTable,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(table.setup()))
-            .execute(self.conn())
-            .await?;
-        self.mark_clean();
-        Ok(())
+    ) -> Result<(), super::errors::Failure> {
+        use super::errors::Failure;
+        use super::table::Unready;
+        let prepared = table
+            .table()
+            .prepare(self.conn(), &table.ddl(), "pglock:fencing-table-setup")
+            .await;
+        match prepared {
+            Ok(()) => {
+                self.mark_clean();
+                Ok(())
+            }
+            Err(Unready::Denied { object, privilege }) => {
+                self.mark_clean();
+                Err(Failure::PermissionDenied { object, privilege })
+            }
+            // Left dirty, so the connection is closed: a failure inside the creating
+            // transaction would leave it aborted.
+            Err(Unready::Failed(err)) => Err(Failure::from_sqlx(&err)),
+        }
     }
 
     /// The connection, for one statement. The session counts as dirty from here until

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Inner, JobTable, Micros, ScheduledJob, Statements};
-use crate::{Error, PostgresLockManager, Result};
+use super::{Error, Result};
+use crate::PostgresLockManager;
 
 /// The longest period or hold accepted: a hundred years.
 const LONGEST: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
@@ -103,7 +104,7 @@ impl ScheduledJobBuilder {
         };
         Ok(ScheduledJob {
             inner: Arc::new(Inner {
-                key: format!("scheduled-job:{}", self.name),
+                key: format!("scheduled-job:{}", self.name).into(),
                 locks: self.locks,
                 name: self.name,
                 table: self.table,

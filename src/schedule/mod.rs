@@ -12,7 +12,7 @@
 //! use pglock::PostgresLockManager;
 //! use pglock::schedule::{RunOutcome, ScheduledJob};
 //!
-//! # async fn run(locks: PostgresLockManager) -> pglock::Result<()> {
+//! # async fn run(locks: PostgresLockManager) -> pglock::schedule::Result<()> {
 //! // Every 5 minutes (00:00, 00:05, ... by the database's clock), at most once per window.
 //! let job = ScheduledJob::builder(locks, "nightly-report", Duration::from_secs(300))
 //!     .max_hold(Duration::from_secs(120)) // a run is cut off, and a dead runner's claim ends, after 2 min
@@ -65,7 +65,7 @@
 //!
 //! * a body still running when the max hold has passed (by the local clock, counted from
 //!   before the claim was sent, so it ends before the claim does) is **cut off**: its future is
-//!   dropped and `run` returns [`Error::JobOverran`];
+//!   dropped and `run` returns [`Error::Overran`];
 //! * a runner that dies (a crash, a kill, a lost machine) leaves its claim in the table; it
 //!   expires at its start plus the max hold, by the database's clock. Until then other replicas
 //!   skip; after it, the next replica to tick claims the job: the same window again if it is
@@ -86,7 +86,7 @@
 //! case the table cannot: a process that froze mid-run (a long pause, a suspended VM) past its
 //! max hold keeps its session, and so its lock, until it wakes and is cut off; no one takes the
 //! job over meanwhile. If the manager declares the lock lost, the body is cancelled and `run`
-//! returns [`Error::LockLost`], as
+//! returns [`Error::Lock`] with [`crate::Error::LockLost`], as
 //! [`with_lock`](crate::LockManagerExt::with_lock) does. `pglock holders scheduled-job:{name}`
 //! shows who runs a job right now.
 //!
@@ -94,6 +94,7 @@
 //! next to its lock sessions: leave the pool a connection to spare.
 
 mod builder;
+mod error;
 mod outcome;
 mod table;
 
@@ -109,12 +110,13 @@ use tokio::time::{Instant, sleep_until};
 use tracing::{Instrument, Span, field::Empty};
 
 pub use self::builder::ScheduledJobBuilder;
+pub use self::error::{Error, Result};
 pub use self::outcome::{JobRun, RunOutcome, Skip};
 pub use self::table::JobTable;
 
 use self::outcome::{Record, State};
 use crate::telemetry::job as names;
-use crate::{Error, LockGuard, LockManager, LossCause, PostgresLockManager, Result};
+use crate::{LockGuard, LockKey, LockManager, LockManagerExt, LossCause, PostgresLockManager};
 
 /// A job that runs at most once per window across every process sharing a database. See the
 /// [module documentation](self) for the rules.
@@ -128,7 +130,7 @@ pub struct ScheduledJob {
 struct Inner {
     locks: PostgresLockManager,
     name: String,
-    key: String,
+    key: LockKey,
     table: JobTable,
     sql: Statements,
     period: Duration,
@@ -183,7 +185,7 @@ impl ScheduledJob {
     }
 
     /// The key of the advisory lock a run holds: `scheduled-job:{name}`.
-    pub fn lock_key(&self) -> &str {
+    pub fn lock_key(&self) -> &LockKey {
         &self.inner.key
     }
 
@@ -195,12 +197,15 @@ impl ScheduledJob {
     ///
     /// # Errors
     ///
-    /// * [`Error::JobStorage`] when the table cannot be created, read or written (the body has
-    ///   not run, unless the failure is in recording its end, which is logged instead);
-    /// * the errors of [`LockManager::acquire`] when the job's lock cannot be asked for
-    ///   (a busy lock is [`Skip::Busy`], not an error);
-    /// * [`Error::JobOverran`] when the body was cut off at the max hold;
-    /// * [`Error::LockLost`] when the job's lock was lost and the body cancelled.
+    /// * [`Error::Storage`] when the table cannot be read or written (the body has not run,
+    ///   unless the failure is in recording its end, which is logged instead);
+    ///   [`Error::PermissionDenied`] when the role may not use or create the table;
+    /// * [`Error::Lock`] with the errors of
+    ///   [`try_acquire`](crate::LockManagerExt::try_acquire) when the job's lock cannot be
+    ///   asked for (a busy lock is [`Skip::Busy`], not an error);
+    /// * [`Error::Overran`] when the body was cut off at the max hold;
+    /// * [`Error::Lock`] with [`crate::Error::LockLost`] when the job's lock went (lost, or
+    ///   released through the manager) and the body was cancelled.
     ///
     /// # Cancel safety
     ///
@@ -251,15 +256,8 @@ impl ScheduledJob {
         if let Some(reason) = state.skip() {
             return Ok(skipped(&state, reason));
         }
-        let guard = match self
-            .inner
-            .locks
-            .acquire(&self.inner.key, Some(Duration::ZERO))
-            .await
-        {
-            Ok(guard) => guard,
-            Err(err) if err.is_timeout() => return Ok(skipped(&state, Skip::Busy)),
-            Err(err) => return Err(err),
+        let Some(guard) = self.inner.locks.try_acquire(self.inner.key.clone()).await? else {
+            return Ok(skipped(&state, Skip::Busy));
         };
         // Counted from before the claim is sent, so the body is cut off before the claim,
         // stamped by the server a little later, expires.
@@ -318,7 +316,7 @@ impl ScheduledJob {
                     tracing::warn!(error = %err, "an overrun claim could not be given up");
                 }
                 release(guard).await;
-                Err(Error::JobOverran {
+                Err(Error::Overran {
                     job: self.inner.name.clone(),
                     max_hold: self.inner.max_hold,
                 })
@@ -328,10 +326,10 @@ impl ScheduledJob {
                 if let Err(err) = claim.abandon().await {
                     tracing::warn!(error = %err, "a claim whose lock was lost could not be given up");
                 }
-                Err(Error::LockLost {
+                Err(Error::Lock(crate::Error::LockLost {
                     key: self.inner.key.clone(),
                     cause,
-                })
+                }))
             }
         }
     }
@@ -341,7 +339,7 @@ impl ScheduledJob {
     ///
     /// # Errors
     ///
-    /// [`Error::JobStorage`] when the database cannot be asked.
+    /// [`Error::Storage`] when the database cannot be asked.
     ///
     /// # Cancel safety
     ///
@@ -356,36 +354,49 @@ impl ScheduledJob {
         Ok(Duration::from_micros(micros.max(0).unsigned_abs()))
     }
 
-    /// Creates the job table now, if it does not exist yet, instead of on the first run.
+    /// Checks the job table now (creating it where it is missing and the role may), instead
+    /// of on the first run.
     ///
     /// A table that exists already (created by your migrations, say) is used as it is: the
-    /// role then needs no privilege to create tables, only to read and write that one.
+    /// role then needs no privilege to create tables, only `SELECT, INSERT, UPDATE` on that
+    /// one (see [`JobTable`]).
     ///
     /// # Errors
     ///
-    /// [`Error::JobStorage`] when the table cannot be looked up or created (no connection, or
-    /// a missing privilege).
+    /// [`Error::PermissionDenied`] naming the object and the privilege the role lacks;
+    /// [`Error::Storage`] when the table cannot be looked up or created (no connection).
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: the creation is one transaction; a later call tries again.
     pub async fn ensure_table(&self) -> Result<()> {
+        use crate::postgres::table::Unready;
         let pool = self.inner.locks.pool();
         self.inner
             .table_ready
             .get_or_try_init(|| async {
-                let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-                    .bind(self.inner.table.to_string())
-                    .fetch_one(pool)
+                let mut conn = pool
+                    .acquire()
                     .await
                     .map_err(|source| self.storage("look up the job table", source))?;
-                if !exists {
-                    sqlx::raw_sql(sqlx::AssertSqlSafe(self.inner.table.setup()))
-                        .execute(pool)
-                        .await
-                        .map_err(|source| self.storage("create the job table", source))?;
+                let table = &self.inner.table;
+                let prepared = table
+                    .table()
+                    .prepare(&mut conn, &table.ddl(), "pglock:job-table-setup")
+                    .await;
+                match prepared {
+                    Ok(()) => Ok(()),
+                    Err(Unready::Denied { object, privilege }) => Err(Error::PermissionDenied {
+                        job: self.inner.name.clone(),
+                        object,
+                        privilege,
+                    }),
+                    Err(Unready::Failed(source)) => {
+                        // A failure inside the creating transaction would leave it aborted.
+                        conn.close_on_drop();
+                        Err(self.storage("create the job table", source))
+                    }
                 }
-                Ok(())
             })
             .await
             .map(|_| ())
@@ -442,7 +453,7 @@ impl ScheduledJob {
     }
 
     fn storage(&self, operation: &'static str, source: sqlx::Error) -> Error {
-        Error::JobStorage {
+        Error::Storage {
             job: self.inner.name.clone(),
             operation,
             source,
@@ -566,8 +577,10 @@ impl Recorder {
         let (outcome, failed) = match result {
             Ok(RunOutcome::Ran { .. }) => (names::outcome::RAN, false),
             Ok(RunOutcome::Skipped { reason, .. }) => (reason.as_str(), false),
-            Err(Error::JobOverran { .. }) => (names::outcome::OVERRAN, true),
-            Err(Error::LockLost { .. }) => (names::outcome::LOST, true),
+            Err(Error::Overran { .. }) => (names::outcome::OVERRAN, true),
+            Err(err) if matches!(err, Error::Lock(lock) if lock.is_lost()) => {
+                (names::outcome::LOST, true)
+            }
             Err(err) => {
                 tracing::warn!(parent: &span, error = %err, "scheduled job failed");
                 (names::outcome::ERROR, true)

@@ -2,7 +2,8 @@
 
 use std::fmt;
 
-use crate::{FencingTable, Result};
+use crate::InvalidIdentifier;
+use crate::postgres::table::OwnTable;
 
 /// The table in which [`ScheduledJob`](super::ScheduledJob)s record their runs: one row per job,
 /// describing its latest claim.
@@ -18,11 +19,22 @@ use crate::{FencingTable, Result};
 /// | `hold_until` | no new claim before this moment |
 ///
 /// Everything in it is the database's time (`now()`), never a client's. The name is quoted as
-/// an identifier, exactly as for [`FencingTable`]: case-sensitive, any character, `schema.table`
-/// for a table in a schema. The table is created on first use if it does not exist (concurrent
-/// creators are serialised), or up front with
-/// [`ScheduledJob::ensure_table`](super::ScheduledJob::ensure_table), or by your own migrations
-/// with [`ddl`](JobTable::ddl). Jobs with different names share one table.
+/// an identifier, exactly as for [`FencingTable`](crate::FencingTable): case-sensitive, any
+/// character, `schema.table` for a table in a schema. Jobs with different names share one
+/// table.
+///
+/// Before its first run, a job checks that the table exists and that its role may use it; if
+/// the table is missing and the role may create tables in the schema, it creates it
+/// (concurrent creators are serialised), and otherwise the run fails with
+/// [`Error::PermissionDenied`](super::Error::PermissionDenied) naming the schema and `CREATE`.
+/// For an application role that owns nothing, create the table in your migrations with
+/// [`ddl`](JobTable::ddl) and grant it:
+///
+/// ```sql
+/// GRANT SELECT, INSERT, UPDATE ON pglock_scheduled_jobs TO app;
+/// ```
+///
+/// [`ScheduledJob::ensure_table`](super::ScheduledJob::ensure_table) runs the check up front.
 ///
 /// ```
 /// use pglock::schedule::JobTable;
@@ -30,11 +42,11 @@ use crate::{FencingTable, Result};
 /// let table = JobTable::new("ops.job_windows")?;
 /// assert_eq!(table.to_string(), r#""ops"."job_windows""#);
 /// assert!(JobTable::new("a.b.c").is_err());
-/// # Ok::<(), pglock::Error>(())
+/// # Ok::<(), pglock::InvalidIdentifier>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobTable {
-    quoted: String,
+    table: OwnTable,
 }
 
 impl JobTable {
@@ -45,14 +57,17 @@ impl JobTable {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidIdentifier`](crate::Error::InvalidIdentifier) when a part is empty,
-    /// longer than PostgreSQL's 63 bytes, or contains a NUL byte, or when the name has more
-    /// than two parts.
-    pub fn new(name: &str) -> Result<Self> {
-        // The same rules and quoting as the fencing table's.
+    /// [`InvalidIdentifier`] when a part is empty, longer than PostgreSQL's 63 bytes, or
+    /// contains a NUL byte, or when the name has more than two parts.
+    pub fn new(name: &str) -> Result<Self, InvalidIdentifier> {
         Ok(JobTable {
-            quoted: FencingTable::new(name)?.to_string(),
+            table: OwnTable::new(name)?,
         })
+    }
+
+    /// The table, for making it ready.
+    pub(super) fn table(&self) -> &OwnTable {
+        &self.table
     }
 
     /// The statement that creates the table if it does not exist.
@@ -62,17 +77,7 @@ impl JobTable {
              window_start timestamptz NOT NULL, runs bigint NOT NULL, claimed_by text, \
              claimed_at timestamptz NOT NULL, finished_at timestamptz, \
              hold_until timestamptz NOT NULL)",
-            self.quoted
-        )
-    }
-
-    /// Creates the table in one transaction, serialised with every other creator by an
-    /// advisory lock, since concurrent `CREATE TABLE IF NOT EXISTS` can collide.
-    pub(super) fn setup(&self) -> String {
-        format!(
-            "BEGIN; SELECT pg_advisory_xact_lock({}); {}; COMMIT",
-            crate::lock_id("pglock:job-table-setup"),
-            self.ddl()
+            self.table.quoted()
         )
     }
 
@@ -83,7 +88,7 @@ impl JobTable {
             "WITH {CLOCK} SELECT {CURRENT}, j.window_start, j.runs, j.claimed_by, \
              j.claimed_at, j.finished_at, j.hold_until \
              FROM clock LEFT JOIN {t} j ON j.job = $1",
-            t = self.quoted
+            t = self.table.quoted()
         )
     }
 
@@ -111,7 +116,7 @@ impl JobTable {
              SELECT false, {CURRENT}, j.window_start, j.runs, j.claimed_by, j.claimed_at, \
                     j.finished_at, j.hold_until \
              FROM {t} j, clock WHERE j.job = $1 AND NOT EXISTS (SELECT FROM claimed)",
-            t = self.quoted
+            t = self.table.quoted()
         )
     }
 
@@ -122,7 +127,7 @@ impl JobTable {
             "UPDATE {} SET finished_at = now(), \
              hold_until = greatest(claimed_at + $3::int8 * interval '1 microsecond', now()) \
              WHERE job = $1 AND runs = $2 AND finished_at IS NULL",
-            self.quoted
+            self.table.quoted()
         )
     }
 
@@ -133,7 +138,7 @@ impl JobTable {
             "UPDATE {} SET hold_until = least(hold_until, \
                greatest(claimed_at + $3::int8 * interval '1 microsecond', now())) \
              WHERE job = $1 AND runs = $2 AND finished_at IS NULL",
-            self.quoted
+            self.table.quoted()
         )
     }
 
@@ -168,7 +173,7 @@ impl Default for JobTable {
 
 impl fmt::Display for JobTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.quoted)
+        f.write_str(self.table.quoted())
     }
 }
 
@@ -185,10 +190,7 @@ mod tests {
         );
         for bad in ["", "a.", "a.b.c", "nul\0"] {
             assert!(
-                matches!(
-                    JobTable::new(bad),
-                    Err(crate::Error::InvalidIdentifier { .. })
-                ),
+                JobTable::new(bad).is_err(),
                 "{bad:?}"
             );
         }

@@ -14,8 +14,9 @@
 //! release or fairness, which are properties of an implementation.
 //!
 //! The first nine cases are those of the Python original's conformance suite; the rest pin the
-//! properties pglock adds (guards that release only their own acquisition, cancellation,
-//! deadlines, re-acquisition of an own key).
+//! properties pglock adds: guards that release only their own acquisition and are told when
+//! their lock is taken away, cancellation, deadlines, callers of one manager taking turns
+//! (sibling futures of one task included), nested critical sections refused at once.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -24,13 +25,15 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{AcquireFailure, Error, LockKey, LockManager, LockManagerExt, LockMode, lock_id};
+use crate::{
+    Error, LockGuard, LockKey, LockManager, LockManagerExt, LockMode, LossCause, lock_id,
+};
 
 /// A boxed case future.
 pub type CaseFuture<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
 /// The manager a case runs against. Shared, because some cases act as two tasks of one
-/// process: the contract treats a task that holds a key differently from the others.
+/// process.
 pub type Manager = Arc<dyn LockManager>;
 
 /// One conformance case: its name and its body.
@@ -72,12 +75,16 @@ cases!(
     dropping_the_guard_releases,
     release_all_invalidates_guards,
     release_by_key_invalidates_the_guard,
+    a_holder_is_told_when_its_lock_is_taken_away,
     cancelled_operations_leak_nothing,
     deadline_is_honoured,
     reacquiring_an_own_key_waits_for_the_local_holder,
+    sibling_futures_of_one_task_take_turns,
+    a_nested_acquisition_fails_at_once,
+    a_bare_guard_queues_its_own_second_acquisition,
     shared_acquisition_is_reported_and_released,
     a_manager_holds_a_key_once_in_either_mode,
-    try_lock_hands_out_a_guard,
+    try_acquire_hands_out_a_guard,
     keys_of_every_kind_are_locks_of_their_own,
     conveniences_release_on_every_path,
 );
@@ -111,12 +118,16 @@ macro_rules! conformance_tests {
             dropping_the_guard_releases,
             release_all_invalidates_guards,
             release_by_key_invalidates_the_guard,
+            a_holder_is_told_when_its_lock_is_taken_away,
             cancelled_operations_leak_nothing,
             deadline_is_honoured,
             reacquiring_an_own_key_waits_for_the_local_holder,
+            sibling_futures_of_one_task_take_turns,
+            a_nested_acquisition_fails_at_once,
+            a_bare_guard_queues_its_own_second_acquisition,
             shared_acquisition_is_reported_and_released,
             a_manager_holds_a_key_once_in_either_mode,
-            try_lock_hands_out_a_guard,
+            try_acquire_hands_out_a_guard,
             keys_of_every_kind_are_locks_of_their_own,
             conveniences_release_on_every_path,
         );
@@ -174,7 +185,10 @@ async fn acquire_elsewhere(
 ) -> crate::Result<crate::LockGuard> {
     let key = key.to_owned();
     elsewhere(manager, move |m| async move {
-        m.acquire_key(&key.into(), mode, timeout).await
+        match mode {
+            LockMode::Exclusive => m.acquire(key, timeout).await,
+            LockMode::Shared => m.acquire_shared(key, timeout).await,
+        }
     })
     .await
 }
@@ -187,25 +201,36 @@ fn key(case: &str) -> String {
 /// Generous bound for "eventually": a case waiting this long has failed.
 const EVENTUALLY: Duration = Duration::from_secs(10);
 
+/// Takes `key` with `try_acquire` and leaves it in the manager's registry, the Python
+/// original's way, for cases that release it by key.
+async fn hold(manager: &Manager, key: &str) {
+    manager
+        .try_acquire(key)
+        .await
+        .expect("try_acquire")
+        .map(LockGuard::leak)
+        .expect("a free key is granted");
+}
+
 /// Case 1: the guard describes the key, its lock id and the manager's holder id.
 pub async fn acquire_yields_info_for_the_requested_key(manager: &Manager) {
     let key = key("info");
     let before = chrono::Utc::now();
     let guard = manager
-        .acquire(&key, None)
+        .acquire(key.as_str(), None)
         .await
         .expect("acquire a free key");
-    assert_eq!(guard.key, key);
-    assert_eq!(guard.lock_id, lock_id(&key));
-    assert_eq!(guard.holder_id.as_deref(), manager.holder_id());
+    let info = guard.info();
+    assert_eq!(info.key, key.as_str());
+    assert_eq!(info.key.to_string(), key);
+    assert_eq!(info.lock_id, lock_id(&key));
+    assert_eq!(&*info.holder_id, manager.holder_id());
+    assert_eq!(info.mode, LockMode::Exclusive);
     assert!(
-        guard.acquired_at >= before,
+        info.acquired_at >= before,
         "acquired_at is the time of the grant"
     );
-    assert!(
-        guard.release().await.expect("release"),
-        "the release was confirmed"
-    );
+    guard.release().await.expect("the release was confirmed");
 }
 
 /// Case 2: `is_held` and `held_lock_count` follow the guard's life.
@@ -215,7 +240,7 @@ pub async fn is_held_inside_and_outside_the_critical_section(manager: &Manager) 
     let guard = manager.acquire(&key, None).await.expect("acquire");
     assert!(manager.is_held(&key).await);
     assert_eq!(manager.held_lock_count(), 1);
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
     assert!(!manager.is_held(&key).await);
     assert_eq!(manager.held_lock_count(), 0);
 }
@@ -247,20 +272,20 @@ pub async fn error_in_the_critical_section_propagates_and_releases(manager: &Man
         .acquire(&key, Some(EVENTUALLY))
         .await
         .expect("the dropped guard let the key go");
-    assert!(again.release().await.expect("release"));
+    again.release().await.expect("release");
 }
 
 /// Case 4: `try_acquire` takes a free key and refuses a held one, also when this very manager
 /// holds it.
 pub async fn try_acquire_succeeds_on_a_free_key_and_fails_on_a_held_one(manager: &Manager) {
     let key = key("try");
-    let info = manager
+    let guard = manager
         .try_acquire(&key)
         .await
         .expect("try_acquire")
         .expect("a free key is granted");
-    assert_eq!(info.key, key);
-    assert_eq!(info.holder_id.as_deref(), manager.holder_id());
+    assert_eq!(guard.info().key, key.as_str());
+    assert_eq!(&*guard.info().holder_id, manager.holder_id());
     let again = manager.try_acquire(&key).await.expect("try_acquire");
     assert!(again.is_none(), "a held key is refused, even to its holder");
     assert_eq!(
@@ -268,16 +293,16 @@ pub async fn try_acquire_succeeds_on_a_free_key_and_fails_on_a_held_one(manager:
         1,
         "a refused try registers nothing"
     );
-    manager.release(&key).await.expect("release");
+    guard.release().await.expect("release");
 }
 
 /// Case 5: a released key can be taken again.
 pub async fn release_makes_the_key_acquirable_again(manager: &Manager) {
     let key = key("release");
-    assert!(manager.try_acquire(&key).await.expect("try").is_some());
+    hold(manager, &key).await;
     manager.release(&key).await.expect("release");
     assert!(!manager.is_held(&key).await);
-    assert!(manager.try_acquire(&key).await.expect("try").is_some());
+    hold(manager, &key).await;
     manager.release(&key).await.expect("release");
 }
 
@@ -285,7 +310,7 @@ pub async fn release_makes_the_key_acquirable_again(manager: &Manager) {
 pub async fn release_of_a_never_held_key_is_not_held(manager: &Manager) {
     let key = key("never-held");
     match manager.release(&key).await {
-        Err(Error::NotHeld { key: named }) => assert_eq!(named, key),
+        Err(Error::NotHeld { key: named }) => assert_eq!(named, key.as_str()),
         other => panic!("expected Error::NotHeld, got {other:?}"),
     }
     let err = manager.release(&key).await.expect_err("still not held");
@@ -299,25 +324,23 @@ pub async fn release_of_a_never_held_key_is_not_held(manager: &Manager) {
 /// requested timeout.
 pub async fn acquire_with_timeout_on_a_held_key_times_out(manager: &Manager) {
     let key = key("timeout");
-    assert!(manager.try_acquire(&key).await.expect("try").is_some());
+    hold(manager, &key).await;
     let timeout = Duration::from_millis(50);
     let err = acquire_elsewhere(manager, &key, LockMode::Exclusive, Some(timeout))
         .await
         .expect_err("the key is held");
     match &err {
-        Error::AcquisitionFailed {
+        Error::Timeout {
             key: named,
-            reason: AcquireFailure::Timeout(reported),
-            timeout: Some(requested),
-            ..
+            timeout: reported,
         } => {
-            assert_eq!(named, &key);
+            assert_eq!(named, key.as_str());
             assert_eq!(*reported, timeout);
-            assert_eq!(*requested, timeout);
         }
         other => panic!("expected a timeout, got {other:?}"),
     }
     assert!(err.is_timeout());
+    assert_eq!(err.key(), key.as_str());
     assert_eq!(
         err.to_string(),
         format!("Failed to acquire lock '{key}': Timeout after 0.05s")
@@ -335,22 +358,22 @@ pub async fn different_keys_are_independent(manager: &Manager) {
         .await
         .expect("beta while alpha is held");
     assert_eq!(manager.held_lock_count(), 2);
-    assert!(inner.release().await.expect("release beta"));
+    inner.release().await.expect("release beta");
     assert!(manager.is_held(&alpha).await, "alpha outlives beta");
-    assert!(outer.release().await.expect("release alpha"));
+    outer.release().await.expect("release alpha");
 }
 
 /// Case 9: `release_all` releases everything and says how much.
 pub async fn release_all_returns_the_count_and_empties_the_registry(manager: &Manager) {
     assert_eq!(manager.release_all().await.expect("release_all"), 0);
     let (one, two) = (key("all-1"), key("all-2"));
-    assert!(manager.try_acquire(&one).await.expect("try").is_some());
-    assert!(manager.try_acquire(&two).await.expect("try").is_some());
+    hold(manager, &one).await;
+    hold(manager, &two).await;
     assert_eq!(manager.held_lock_count(), 2);
     assert_eq!(manager.release_all().await.expect("release_all"), 2);
     assert_eq!(manager.held_lock_count(), 0);
     assert!(!manager.is_held(&one).await && !manager.is_held(&two).await);
-    assert!(manager.try_acquire(&one).await.expect("try").is_some());
+    hold(manager, &one).await;
     manager.release(&one).await.expect("release");
 }
 
@@ -364,27 +387,24 @@ pub async fn dropping_the_guard_releases(manager: &Manager) {
         .await
         .expect("the dropped guard let the key go");
     assert_eq!(manager.held_lock_count(), 1);
-    assert!(again.release().await.expect("release"));
+    again.release().await.expect("release");
     assert_eq!(manager.held_lock_count(), 0);
 }
 
-/// After `release_all`, a guard is stale: its release and its drop leave a newer acquisition
-/// of the same key alone.
+/// After `release_all`, a guard is stale: its release reports the lock gone, and neither its
+/// release nor its drop touches a newer acquisition of the same key.
 pub async fn release_all_invalidates_guards(manager: &Manager) {
     let key = key("release-all-guard");
     let stale = manager.acquire(&key, None).await.expect("acquire");
     assert_eq!(manager.release_all().await.expect("release_all"), 1);
-    assert!(
-        manager.try_acquire(&key).await.expect("try").is_some(),
-        "the key is free again"
-    );
-    assert!(
-        !stale
-            .release()
-            .await
-            .expect("a stale release is not an error"),
-        "a stale guard has nothing to release"
-    );
+    hold(manager, &key).await;
+    match stale.release().await {
+        Err(Error::LockLost {
+            cause: LossCause::ReleasedAll,
+            ..
+        }) => {}
+        other => panic!("a stale guard reports its lock gone, got {other:?}"),
+    }
     assert!(
         manager.is_held(&key).await,
         "the newer acquisition survives"
@@ -393,7 +413,7 @@ pub async fn release_all_invalidates_guards(manager: &Manager) {
     manager.release(&key).await.expect("release");
     let stale = manager.acquire(&key, None).await.expect("acquire");
     assert_eq!(manager.release_all().await.expect("release_all"), 1);
-    assert!(manager.try_acquire(&key).await.expect("try").is_some());
+    hold(manager, &key).await;
     drop(stale);
     let blocked = acquire_elsewhere(
         manager,
@@ -423,8 +443,12 @@ pub async fn release_by_key_invalidates_the_guard(manager: &Manager) {
         .release(&key)
         .await
         .expect("release through the registry");
-    assert!(manager.try_acquire(&key).await.expect("try").is_some());
-    assert!(!guard.release().await.expect("stale release"));
+    hold(manager, &key).await;
+    let err = guard.release().await.expect_err("a stale release");
+    assert!(
+        matches!(&err, Error::LockLost { cause: LossCause::Released, key: named } if named == key.as_str()),
+        "{err:?}"
+    );
     assert!(
         manager.is_held(&key).await,
         "the newer acquisition survives"
@@ -433,15 +457,64 @@ pub async fn release_by_key_invalidates_the_guard(manager: &Manager) {
     manager.release(&key).await.expect("release");
 }
 
+/// A lock taken away through the manager (by key, or with `release_all`) fires its guard's
+/// loss signal with a cause that says so, and cancels a `with_lock` body; the guard's own
+/// release stays silent.
+pub async fn a_holder_is_told_when_its_lock_is_taken_away(manager: &Manager) {
+    let key = key("told");
+    // By key.
+    let guard = manager.acquire(&key, None).await.expect("acquire");
+    let signal = guard.loss_signal().clone();
+    assert!(!signal.is_lost());
+    manager.release(&key).await.expect("release by key");
+    assert_eq!(signal.cause(), Some(LossCause::Released));
+    drop(guard);
+    // With release_all, while a with_lock body runs on another task.
+    let (entered_tx, entered) = tokio::sync::oneshot::channel();
+    let body = {
+        let (other, key) = (Arc::clone(manager), key.clone());
+        tokio::spawn(async move {
+            other
+                .with_lock(key, Some(EVENTUALLY), |_| async move {
+                    let _ = entered_tx.send(());
+                    std::future::pending::<()>().await;
+                })
+                .await
+        })
+    };
+    tokio::time::timeout(EVENTUALLY, entered)
+        .await
+        .expect("the body starts")
+        .expect("the body starts");
+    assert_eq!(manager.release_all().await.expect("release_all"), 1);
+    let ended = tokio::time::timeout(EVENTUALLY, body)
+        .await
+        .expect("the body is cancelled, not left running")
+        .expect("join");
+    match ended {
+        Err(Error::LockLost {
+            cause: LossCause::ReleasedAll,
+            key: named,
+        }) => assert_eq!(named, key.as_str()),
+        other => panic!("expected LockLost(ReleasedAll), got {other:?}"),
+    }
+    // The guard's own release does not fire its signal.
+    let guard = manager.acquire(&key, None).await.expect("acquire");
+    let signal = guard.loss_signal().clone();
+    guard.release().await.expect("release");
+    assert!(!signal.is_lost(), "a guard's own release is silent");
+    assert_eq!(manager.held_lock_count(), 0);
+}
+
 /// Operations dropped mid-way leave no claim behind.
 pub async fn cancelled_operations_leak_nothing(manager: &Manager) {
     let key = key("cancel");
-    assert!(manager.try_acquire(&key).await.expect("try").is_some());
+    hold(manager, &key).await;
 
     // Cancel a waiting acquisition of another task, bounded and unbounded.
     for timeout in [None, Some(EVENTUALLY)] {
         let (other, key) = (Arc::clone(manager), key.clone());
-        let mut waiting = tokio::spawn(async move { other.acquire(&key, timeout).await });
+        let mut waiting = tokio::spawn(async move { other.acquire(key, timeout).await });
         let outcome = tokio::time::timeout(Duration::from_millis(20), &mut waiting).await;
         assert!(
             outcome.is_err(),
@@ -463,7 +536,7 @@ pub async fn cancelled_operations_leak_nothing(manager: &Manager) {
         .acquire(&key, Some(EVENTUALLY))
         .await
         .expect("no cancelled waiter kept a claim on the key");
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
 
     // A release cancelled after its first poll still releases.
     let guard = manager.acquire(&key, None).await.expect("acquire");
@@ -474,7 +547,7 @@ pub async fn cancelled_operations_leak_nothing(manager: &Manager) {
         .acquire(&key, Some(EVENTUALLY))
         .await
         .expect("a cancelled release still let the key go");
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
     assert_eq!(manager.held_lock_count(), 0);
 }
 
@@ -505,28 +578,15 @@ pub async fn deadline_is_honoured(manager: &Manager) {
             "a {timeout:?} timeout took {elapsed:?}"
         );
     }
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
 }
 
-/// A key this manager holds is never requested twice: the task holding it is told at once that
-/// it would wait for itself; another task waits for the holder, within its deadline, and is
-/// served once the holder releases; nothing is stacked.
+/// A key this manager holds is never requested twice: another task waits for the holder,
+/// within its deadline, and is served once the holder releases; nothing is stacked.
 pub async fn reacquiring_an_own_key_waits_for_the_local_holder(manager: &Manager) {
     let key = key("reacquire");
     let guard = manager.acquire(&key, None).await.expect("acquire");
     assert!(manager.try_acquire(&key).await.expect("try").is_none());
-    for timeout in [None, Some(Duration::from_millis(50))] {
-        // Bounded here, so a manager that lets the task wait for itself fails the case instead
-        // of hanging it.
-        let err = tokio::time::timeout(EVENTUALLY, manager.acquire(&key, timeout))
-            .await
-            .expect("the holding task is told at once, not left waiting for itself")
-            .expect_err("the holding task would wait for itself");
-        assert!(
-            matches!(&err, Error::Reentrant { key: named } if named == &key),
-            "expected Reentrant, got {err:?}"
-        );
-    }
     let err = acquire_elsewhere(
         manager,
         &key,
@@ -538,9 +598,9 @@ pub async fn reacquiring_an_own_key_waits_for_the_local_holder(manager: &Manager
     assert!(err.is_timeout(), "{err:?}");
     let second = {
         let (other, key) = (Arc::clone(manager), key.clone());
-        tokio::spawn(async move { other.acquire(&key, Some(EVENTUALLY)).await })
+        tokio::spawn(async move { other.acquire(key, Some(EVENTUALLY)).await })
     };
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
     let second = second
         .await
         .expect("join")
@@ -550,8 +610,151 @@ pub async fn reacquiring_an_own_key_waits_for_the_local_holder(manager: &Manager
         1,
         "one acquisition, not a stacked pair"
     );
-    assert!(second.release().await.expect("release"));
+    second.release().await.expect("release");
     assert!(!manager.is_held(&key).await);
+}
+
+/// Sibling futures of one task that want the same key take turns, like separate tasks: every
+/// one runs, none fails, and no two are inside at once.
+pub async fn sibling_futures_of_one_task_take_turns(manager: &Manager) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const SIBLINGS: usize = 48;
+    let keys = [key("siblings-a"), key("siblings-b"), key("siblings-c")];
+    let inside: [AtomicUsize; 3] = Default::default();
+    let most = AtomicUsize::new(0);
+    let ran = AtomicUsize::new(0);
+    let siblings = (0..SIBLINGS).map(|i| {
+        let (key, inside, most, ran) = (&keys[i % 3], &inside[i % 3], &most, &ran);
+        async move {
+            manager
+                .with_lock(key.as_str(), Some(EVENTUALLY), |_| async move {
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    ran.fetch_add(1, Ordering::SeqCst);
+                })
+                .await
+        }
+    });
+    for outcome in join_all(siblings.collect()).await {
+        outcome.expect("a sibling queues for the key instead of failing");
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), SIBLINGS, "every sibling ran");
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        1,
+        "siblings on a key never overlap"
+    );
+    // The same with guards held across an await, picked by `select!`.
+    let key = key("siblings-select");
+    let guard = manager.acquire(&key, None).await.expect("acquire");
+    let waiting = manager.acquire(&key, Some(EVENTUALLY));
+    let release = async {
+        tokio::task::yield_now().await;
+        guard.release().await
+    };
+    let (second, released) = tokio::join!(waiting, release);
+    released.expect("release");
+    let second = second.expect("the sibling got the key once the first let go");
+    tokio::select! {
+        biased;
+        _ = manager.acquire(&key, None) => panic!("the key is still held"),
+        () = tokio::time::sleep(Duration::from_millis(20)) => {}
+    }
+    second.release().await.expect("release");
+    assert_eq!(manager.held_lock_count(), 0);
+}
+
+/// Asking for a key inside the critical section of the same key fails at once with
+/// [`Error::Reentrant`], through every entry point and mode; other keys, and the key outside
+/// the section, are served as usual.
+pub async fn a_nested_acquisition_fails_at_once(manager: &Manager) {
+    let other = key("nested-other");
+    let key = key("nested");
+    let outcome = manager
+        .with_lock(key.as_str(), Some(EVENTUALLY), |_| async {
+            let reentrant = |result: crate::Result<_>, what: &str| match result {
+                Err(Error::Reentrant { key: named }) => assert_eq!(named, key.as_str(), "{what}"),
+                other => panic!("{what}: expected Reentrant, got {other:?}"),
+            };
+            reentrant(at_once(manager.acquire(key.as_str(), None)).await.map(drop), "acquire");
+            reentrant(
+                at_once(manager.acquire_shared(key.as_str(), None)).await.map(drop),
+                "acquire_shared",
+            );
+            reentrant(
+                at_once(manager.try_acquire(key.as_str())).await.map(drop),
+                "try_acquire",
+            );
+            reentrant(
+                at_once(manager.try_acquire_shared(key.as_str())).await.map(drop),
+                "try_acquire_shared",
+            );
+            reentrant(
+                at_once(manager.with_lock(key.as_str(), None, |_| async {})).await,
+                "with_lock",
+            );
+            reentrant(
+                at_once(manager.with_lock_shared(key.as_str(), None, |_| async {})).await,
+                "with_lock_shared",
+            );
+            reentrant(
+                at_once(manager.try_with_lock(key.as_str(), |_| async {}))
+                    .await
+                    .map(drop),
+                "try_with_lock",
+            );
+            reentrant(
+                at_once(manager.try_with_lock_shared(key.as_str(), |_| async {}))
+                    .await
+                    .map(drop),
+                "try_with_lock_shared",
+            );
+            // A join! inside the section is inside it too.
+            let (nested, unrelated) = tokio::join!(
+                at_once(manager.acquire(key.as_str(), None)),
+                manager.acquire(other.as_str(), Some(EVENTUALLY)),
+            );
+            reentrant(nested.map(drop), "acquire in a join! of the body");
+            unrelated
+                .expect("another key is served inside the section")
+                .release()
+                .await
+                .expect("release");
+        })
+        .await;
+    outcome.expect("the section itself ran");
+    // Once the section is over, the key is served again.
+    manager
+        .with_lock(key.as_str(), Some(EVENTUALLY), |_| async {})
+        .await
+        .expect("the key after the section");
+    assert_eq!(manager.held_lock_count(), 0);
+}
+
+/// A guard held in a plain variable is not a critical section: a second acquisition of its key
+/// from the same code queues behind it, as a second `lock()` of a `tokio::sync::Mutex` does,
+/// and is served once the guard lets go.
+pub async fn a_bare_guard_queues_its_own_second_acquisition(manager: &Manager) {
+    let key = key("bare-guard");
+    let guard = manager.acquire(&key, None).await.expect("acquire");
+    let err = manager
+        .acquire(&key, Some(Duration::from_millis(50)))
+        .await
+        .expect_err("queued behind the guard until the deadline");
+    assert!(err.is_timeout(), "{err:?}");
+    let (second, released) = tokio::join!(manager.acquire(&key, Some(EVENTUALLY)), async {
+        tokio::task::yield_now().await;
+        guard.release().await
+    });
+    released.expect("release");
+    second
+        .expect("served once the guard let go")
+        .release()
+        .await
+        .expect("release");
+    assert_eq!(manager.held_lock_count(), 0);
 }
 
 /// Shared acquisitions report their mode and release like exclusive ones, through the guard,
@@ -562,32 +765,32 @@ pub async fn shared_acquisition_is_reported_and_released(manager: &Manager) {
         .acquire_shared(&key, None)
         .await
         .expect("acquire_shared");
-    assert_eq!(guard.mode, LockMode::Shared);
-    assert_eq!(guard.lock_id, lock_id(&key));
+    assert_eq!(guard.info().mode, LockMode::Shared);
+    assert_eq!(guard.info().lock_id, lock_id(&key));
     assert!(manager.is_held(&key).await);
     assert_eq!(manager.held_lock_count(), 1);
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
     assert!(!manager.is_held(&key).await);
 
     let info = manager
         .try_acquire_shared(&key)
         .await
         .expect("try_acquire_shared")
+        .map(LockGuard::leak)
         .expect("a free key is granted");
     assert_eq!(info.mode, LockMode::Shared);
     manager.release(&key).await.expect("release by key");
 
     let exclusive = manager.acquire(&key, None).await.expect("acquire");
-    assert_eq!(exclusive.mode, LockMode::Exclusive);
-    assert!(exclusive.release().await.expect("release"));
+    assert_eq!(exclusive.info().mode, LockMode::Exclusive);
+    exclusive.release().await.expect("release");
 
-    assert!(
-        manager
-            .try_acquire_shared(&key)
-            .await
-            .expect("try")
-            .is_some()
-    );
+    manager
+        .try_acquire_shared(&key)
+        .await
+        .expect("try")
+        .map(LockGuard::leak)
+        .expect("free");
     assert_eq!(manager.release_all().await.expect("release_all"), 1);
     assert_eq!(manager.held_lock_count(), 0);
 }
@@ -616,7 +819,7 @@ pub async fn a_manager_holds_a_key_once_in_either_mode(manager: &Manager) {
         assert!(err.is_timeout(), "{mode}: {err:?}");
     }
     assert_eq!(manager.held_lock_count(), 1);
-    assert!(shared.release().await.expect("release"));
+    shared.release().await.expect("release");
 
     let exclusive = manager.acquire(&key, None).await.expect("acquire");
     assert!(
@@ -630,26 +833,26 @@ pub async fn a_manager_holds_a_key_once_in_either_mode(manager: &Manager) {
         .await
         .expect_err("queued behind the local holder");
     assert!(err.is_timeout(), "{err:?}");
-    assert!(exclusive.release().await.expect("release"));
+    exclusive.release().await.expect("release");
     assert_eq!(manager.held_lock_count(), 0);
 }
 
-/// `try_lock` hands out a guard on a free key and `None` on a held one, even to its holder;
-/// the guard releases like any other.
-pub async fn try_lock_hands_out_a_guard(manager: &Manager) {
-    let key = key("try-lock");
+/// `try_acquire` hands out a guard on a free key and `None` on a held one, even to its holder;
+/// the guard releases like any other, also when dropped.
+pub async fn try_acquire_hands_out_a_guard(manager: &Manager) {
+    let key = key("try-guard");
     let guard = manager
-        .try_lock(key.as_str())
+        .try_acquire(key.as_str())
         .await
-        .expect("try_lock")
+        .expect("try_acquire")
         .expect("a free key is granted");
-    assert_eq!(guard.key, key);
-    assert_eq!(guard.mode, LockMode::Exclusive);
+    assert_eq!(guard.info().key, key.as_str());
+    assert_eq!(guard.info().mode, LockMode::Exclusive);
     assert!(manager.is_held(&key).await);
-    assert!(manager.try_lock(key.as_str()).await.expect("try").is_none());
+    assert!(manager.try_acquire(key.as_str()).await.expect("try").is_none());
     assert!(
         manager
-            .try_lock_shared(key.as_str())
+            .try_acquire_shared(key.as_str())
             .await
             .expect("try")
             .is_none()
@@ -658,14 +861,14 @@ pub async fn try_lock_hands_out_a_guard(manager: &Manager) {
     let shared = acquire_elsewhere(manager, &key, LockMode::Shared, Some(EVENTUALLY))
         .await
         .expect("the dropped guard let the key go");
-    assert_eq!(shared.mode, LockMode::Shared);
-    assert!(shared.release().await.expect("release"));
+    assert_eq!(shared.info().mode, LockMode::Shared);
+    shared.release().await.expect("release");
     let shared = manager
-        .try_lock_shared(key.as_str())
+        .try_acquire_shared(key.as_str())
         .await
         .expect("try")
         .expect("free again");
-    assert!(shared.release().await.expect("release"));
+    shared.release().await.expect("release");
     assert_eq!(manager.held_lock_count(), 0);
 }
 
@@ -683,28 +886,38 @@ pub async fn keys_of_every_kind_are_locks_of_their_own(manager: &Manager) {
     let mut guards = Vec::new();
     for key in &keys {
         let guard = manager
-            .acquire_key(key, LockMode::Exclusive, Some(EVENTUALLY))
+            .acquire(key.clone(), Some(EVENTUALLY))
             .await
             .unwrap_or_else(|err| panic!("{key}: {err}"));
-        assert_eq!(&guard.lock_key, key);
-        assert_eq!(guard.key, key.to_string());
-        assert_eq!(guard.lock_id, key.target().packed());
-        assert!(manager.is_key_held(key).await);
+        assert_eq!(&guard.info().key, key);
+        assert_eq!(guard.info().lock_id, key.target().packed());
+        assert!(manager.is_held(key.clone()).await);
         guards.push(guard);
     }
     assert_eq!(manager.held_lock_count(), keys.len());
     assert!(
         manager
-            .try_acquire_key(&keys[1], LockMode::Exclusive)
+            .try_acquire(keys[1].clone())
             .await
             .expect("try")
             .is_none()
     );
-    manager.release_key(&keys[1]).await.expect("release by key");
-    assert!(!manager.is_key_held(&keys[1]).await);
-    assert!(manager.is_key_held(&keys[0]).await, "the name is untouched");
-    for guard in guards {
-        guard.release().await.expect("release");
+    manager
+        .release(keys[1].clone())
+        .await
+        .expect("release by key");
+    assert!(!manager.is_held(keys[1].clone()).await);
+    assert!(
+        manager.is_held(keys[0].clone()).await,
+        "the name is untouched"
+    );
+    for (i, guard) in guards.into_iter().enumerate() {
+        let released = guard.release().await;
+        if i == 1 {
+            assert!(matches!(released, Err(Error::LockLost { .. })), "{released:?}");
+        } else {
+            released.expect("release");
+        }
     }
     assert_eq!(manager.held_lock_count(), 0);
 }
@@ -727,7 +940,7 @@ pub async fn conveniences_release_on_every_path(manager: &Manager) {
         .try_with_lock(key.as_str(), |info| async move { info.key })
         .await
         .expect("try_with_lock");
-    assert_eq!(ran.as_deref(), Some(key.as_str()));
+    assert_eq!(ran, Some(LockKey::from(key.as_str())));
     assert!(!manager.is_held(&key).await);
     let held = manager.acquire(&key, None).await.expect("acquire");
     let skipped = manager
@@ -735,8 +948,43 @@ pub async fn conveniences_release_on_every_path(manager: &Manager) {
         .await
         .expect("try_with_lock");
     assert!(skipped.is_none());
-    assert!(held.release().await.expect("release"));
+    held.release().await.expect("release");
     assert_eq!(manager.held_lock_count(), 0);
+}
+
+/// `future`'s output, which must come at once: a nested acquisition that waits (for itself)
+/// fails the case instead of hanging it.
+async fn at_once<F: Future>(future: F) -> F::Output {
+    tokio::time::timeout(EVENTUALLY, future)
+        .await
+        .expect("answered at once, not left waiting for itself")
+}
+
+/// Polls every future in one task (as `join!` does for a list) until all are done.
+async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(cx) {
+                    std::task::Poll::Ready(value) => *output = Some(value),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outputs
+        .into_iter()
+        .map(|output| output.expect("every future finished"))
+        .collect()
 }
 
 /// A random number for keys that must not collide across test runs.

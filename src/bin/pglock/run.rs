@@ -4,7 +4,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use clap::Args;
-use pglock::{LockGuard, LockManager, LossCause, LossSignal, PostgresLockManager};
+use pglock::{LockGuard, LockManagerExt, LossCause, LossSignal, PostgresLockManager};
 use sqlx::PgPool;
 use tokio::process::{Child, Command};
 use tokio::time::{Instant, sleep_until};
@@ -67,8 +67,8 @@ pub(crate) async fn run(pool: PgPool, args: &RunArgs) -> Result<u8, Failure> {
     }
     let locks = builder.build();
     let acquired = match args.shared {
-        false => locks.acquire(&args.key, args.wait()).await,
-        true => locks.acquire_shared(&args.key, args.wait()).await,
+        false => locks.acquire(args.key.as_str(), args.wait()).await,
+        true => locks.acquire_shared(args.key.as_str(), args.wait()).await,
     };
     let guard = match acquired {
         Ok(guard) => guard,
@@ -112,11 +112,8 @@ fn spawn(args: &RunArgs, guard: &LockGuard) -> Result<Child, (u8, String)> {
     command
         .args(rest)
         .env("PGLOCK_KEY", &args.key)
-        .env("PGLOCK_LOCK_ID", guard.lock_id.to_string())
-        .env(
-            "PGLOCK_HOLDER_ID",
-            guard.holder_id.as_deref().unwrap_or_default(),
-        );
+        .env("PGLOCK_LOCK_ID", guard.info().lock_id.to_string())
+        .env("PGLOCK_HOLDER_ID", &*guard.info().holder_id);
     command.spawn().map_err(|err| match err.kind() {
         std::io::ErrorKind::NotFound => (127, format!("command not found: {program}")),
         _ => (126, format!("cannot run {program}: {err}")),
@@ -170,7 +167,7 @@ fn exit_code(status: ExitStatus) -> u8 {
 }
 
 async fn release(guard: LockGuard) {
-    if guard.is_lost() {
+    if guard.loss_signal().is_lost() {
         return;
     }
     if let Err(err) = guard.release().await {

@@ -1,0 +1,62 @@
+//! The error of scheduled jobs.
+
+use std::time::Duration;
+
+/// A `Result` whose error is the scheduled jobs' [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why a [`ScheduledJob`](super::ScheduledJob) call failed. A busy job is not an error but a
+/// [`Skip`](super::Skip).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The job's lock failed: it could not be asked for, or it went while the body ran
+    /// ([`crate::Error::LockLost`]: the body was cancelled).
+    #[error(transparent)]
+    Lock(#[from] crate::Error),
+
+    /// The job was configured with settings that cannot work (see
+    /// [`build`](super::ScheduledJobBuilder::build)).
+    #[error("Invalid schedule for job '{job}': {reason}")]
+    InvalidSchedule {
+        /// The job's name, as given.
+        job: String,
+        /// What is wrong, with the values involved.
+        reason: String,
+    },
+
+    /// The role lacks a privilege the job's table needs, or may not create the missing table.
+    /// Create it in your migrations with [`JobTable::ddl`](super::JobTable::ddl) and grant
+    /// `SELECT, INSERT, UPDATE` on it.
+    #[error("Scheduled job '{job}': permission denied: the role needs {privilege} on {object}")]
+    PermissionDenied {
+        /// The job's name.
+        job: String,
+        /// The object, such as `table "pglock_scheduled_jobs"` or `schema "public"`.
+        object: String,
+        /// The privilege, such as `INSERT, UPDATE` or `CREATE`.
+        privilege: String,
+    },
+
+    /// The job's table could not be created, read or written.
+    #[error("Scheduled job '{job}' could not {operation}: {source}")]
+    Storage {
+        /// The job's name.
+        job: String,
+        /// What was being done, such as `claim a window`.
+        operation: &'static str,
+        /// The driver error.
+        #[source]
+        source: sqlx::Error,
+    },
+
+    /// The body ran for its whole max hold and was cut off (its future dropped). The window
+    /// did not complete and may run again.
+    #[error("Scheduled job '{job}' was cut off after its max hold of {max_hold:?}")]
+    Overran {
+        /// The job's name.
+        job: String,
+        /// The max hold it ran for.
+        max_hold: Duration,
+    },
+}

@@ -1,0 +1,87 @@
+//! Which critical sections the running future is inside of: what tells a nested acquisition
+//! (fails at once) from a sibling one (queues).
+//!
+//! A critical section ([`LockGuard::run`](crate::LockGuard::run), and so `with_lock`) runs its
+//! body inside a task-local frame naming its holder and key. A task-local value is set only
+//! while the future it wraps is being polled, so the body and everything it polls (its own
+//! `join!`s included) see the frame, while sibling futures of the same task, polled next to
+//! the body rather than inside it, do not. Spawned tasks start with no frame: a task is
+//! another caller.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::LockKey;
+
+tokio::task_local! {
+    static SECTION: Option<Arc<Frame>>;
+}
+
+/// One critical section, and the one it is nested in.
+struct Frame {
+    holder: Arc<str>,
+    key: LockKey,
+    outer: Option<Arc<Frame>>,
+}
+
+/// True when the caller runs inside a critical section of `holder` on `key`.
+pub(crate) fn is_inside(holder: &str, key: &LockKey) -> bool {
+    SECTION
+        .try_with(|section| {
+            let mut frame = section.as_deref();
+            while let Some(f) = frame {
+                if &*f.holder == holder && &f.key == key {
+                    return true;
+                }
+                frame = f.outer.as_deref();
+            }
+            false
+        })
+        .unwrap_or(false)
+}
+
+/// Runs `body` as the critical section of `holder` on `key`.
+pub(crate) fn inside<F: Future>(
+    holder: Arc<str>,
+    key: LockKey,
+    body: F,
+) -> impl Future<Output = F::Output> {
+    let outer = SECTION.try_with(Clone::clone).ok().flatten();
+    let frame = Arc::new(Frame { holder, key, outer });
+    SECTION.scope(Some(frame), body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn siblings_are_outside_and_nested_calls_inside() {
+        let key = LockKey::from("k");
+        let holder: Arc<str> = "h".into();
+        assert!(!is_inside("h", &key));
+        let (inner, sibling) = tokio::join!(
+            inside(holder.clone(), key.clone(), async {
+                tokio::task::yield_now().await;
+                let nested = inside("h".into(), "other".into(), async {
+                    is_inside("h", &LockKey::from("k")) && is_inside("h", &"other".into())
+                })
+                .await;
+                nested && !is_inside("someone else", &LockKey::from("k"))
+            }),
+            async {
+                tokio::task::yield_now().await;
+                is_inside("h", &LockKey::from("k"))
+            }
+        );
+        assert!(inner, "a nested call sees every enclosing section of its holder");
+        assert!(!sibling, "a sibling future is not inside the section");
+        let in_task = inside(holder, key, async {
+            tokio::spawn(async { is_inside("h", &LockKey::from("k")) })
+                .await
+                .unwrap()
+        })
+        .await;
+        assert!(!in_task, "a spawned task is another caller");
+    }
+}
