@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::timeout_at;
 
-use crate::core::{Backend, Core, Hook, Options, Request, Slots, delegate_lock_manager};
+use crate::core::{Backend, Budget, Core, Hook, Options, Request, Slots, delegate_lock_manager};
 use crate::{LockKey, LockMode, LockTarget, LossCause, Result};
 
 /// A [`LockManager`](crate::LockManager) that lives inside one process, for unit tests.
@@ -57,9 +57,15 @@ impl InMemoryLockManager {
             tracing: true,
             server: None,
             meter: Default::default(),
+            lock_budget: None,
             hook: None,
             defer_drops: false,
         }
+    }
+
+    /// The most locks this manager may hold at once, if it was given a budget.
+    pub fn lock_budget(&self) -> Option<usize> {
+        self.core.lock_budget()
     }
 
     /// The server this manager takes its locks on.
@@ -123,11 +129,21 @@ pub struct InMemoryLockManagerBuilder {
     tracing: bool,
     server: Option<InMemoryLockServer>,
     meter: crate::metrics::MeterChoice,
+    lock_budget: Option<usize>,
     hook: Option<Hook>,
     defer_drops: bool,
 }
 
 impl InMemoryLockManagerBuilder {
+    /// How many locks the manager may hold at once; an acquisition beyond it fails with
+    /// [`Error::BudgetExhausted`](crate::Error::BudgetExhausted), as with
+    /// [`PostgresLockManagerBuilder::lock_budget`](crate::PostgresLockManagerBuilder::lock_budget),
+    /// so code that handles a full budget can be tested without a server. Default: no limit.
+    pub fn lock_budget(mut self, max_locks: usize) -> Self {
+        self.lock_budget = Some(max_locks);
+        self
+    }
+
     /// The holder id stamped on every [`LockInfo`](crate::LockInfo). Default:
     /// `{host}:{pid}:{16 random hex digits}`, unique per process and per manager.
     pub fn holder_id(mut self, holder_id: impl Into<String>) -> Self {
@@ -191,8 +207,10 @@ impl InMemoryLockManagerBuilder {
         let holder_id = self
             .holder_id
             .unwrap_or_else(crate::identity::default_holder_id);
+        let metrics = crate::metrics::Metrics::build(self.meter, &holder_id);
         let options = Options {
-            metrics: crate::metrics::Metrics::build(self.meter, &holder_id),
+            budget: Budget::new(self.lock_budget, metrics.clone()),
+            metrics,
             holder_id: holder_id.into(),
             tracing: self.tracing,
             hook: self.hook,

@@ -17,6 +17,7 @@ struct Instruments {
     wait: opentelemetry::metrics::Histogram<f64>,
     acquisitions: opentelemetry::metrics::Counter<u64>,
     held: opentelemetry::metrics::UpDownCounter<i64>,
+    budget: opentelemetry::metrics::Gauge<u64>,
     lost: opentelemetry::metrics::Counter<u64>,
     hold: opentelemetry::metrics::Histogram<f64>,
     /// Only when the builder opted in: every distinct holder id is a new series.
@@ -80,6 +81,10 @@ impl Metrics {
                 .i64_up_down_counter(names::HELD)
                 .with_description("Locks held right now")
                 .build(),
+            budget: meter
+                .u64_gauge(names::BUDGET)
+                .with_description("How many locks the manager may hold at once")
+                .build(),
             lost: meter
                 .u64_counter(names::LOST)
                 .with_description("Held locks declared lost, by cause")
@@ -126,6 +131,15 @@ impl Metrics {
         #[cfg(feature = "metrics")]
         if let Some(m) = self.instruments.as_ref().filter(|_| delta != 0) {
             m.held.add(delta, &m.with_holder([]));
+        }
+    }
+
+    /// The manager's budget of held locks is now `limit`.
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn budget(&self, limit: usize) {
+        #[cfg(feature = "metrics")]
+        if let Some(m) = &self.instruments {
+            m.budget.record(limit as u64, &m.with_holder([]));
         }
     }
 

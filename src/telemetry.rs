@@ -94,6 +94,7 @@ pub mod via {
 /// | [`ACQUISITIONS`](metrics::ACQUISITIONS) | counter | | the same |
 /// | [`HOLD_DURATION`](metrics::HOLD_DURATION) | histogram | s | [`MODE`] |
 /// | [`HELD`](metrics::HELD) | up-down counter (a gauge of locks held) | | none |
+/// | [`BUDGET`](metrics::BUDGET) | gauge: the most locks the manager may hold at once | | none |
 /// | [`LOST`](metrics::LOST) | counter | | [`CAUSE`] |
 ///
 /// The managers record through the meter given to their builders' `meter` method, or through
@@ -129,6 +130,8 @@ pub mod metrics {
     pub const HOLD_DURATION: &str = "pglock.hold.duration";
     /// Up-down counter of the locks held now.
     pub const HELD: &str = "pglock.locks.held";
+    /// Gauge of the manager's budget of held locks, once it is known.
+    pub const BUDGET: &str = "pglock.locks.budget";
     /// Counter of held locks declared lost.
     pub const LOST: &str = "pglock.locks.lost";
     /// Attribute: which operation, [`ACQUIRE`] or [`TRY_ACQUIRE`].

@@ -9,8 +9,10 @@
 //! | `guard.rs` | a guard's handle on its registry entry |
 //! | `turn.rs` | the per-key FIFO queue of one manager's tasks, and the in-process handoff |
 //! | `slots.rs` | the table of per-key queues, which forgets keys nobody waits for |
+//! | `budget.rs` | how many locks the manager may hold at once |
 //! | `spans.rs` | tracing spans and their outcomes |
 
+mod budget;
 mod guard;
 mod registry;
 mod slots;
@@ -27,6 +29,8 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+pub(crate) use self::budget::Budget;
+use self::budget::Slot;
 use self::guard::CoreGuard;
 pub(crate) use self::registry::Watched;
 use self::registry::{Granted, State};
@@ -191,6 +195,7 @@ pub(crate) struct Options {
     pub(crate) tracing: bool,
     pub(crate) hook: Option<Hook>,
     pub(crate) handoff: Option<HandoffLimits>,
+    pub(crate) budget: Arc<Budget>,
     /// Tests only: a dropped guard always takes the path used when the registry is busy.
     pub(crate) defer_drops: bool,
 }
@@ -224,6 +229,7 @@ pub(crate) struct Core<B: Backend> {
     tracing: bool,
     hook: Option<Hook>,
     handoff: Option<HandoffLimits>,
+    budget: Arc<Budget>,
     defer_drops: bool,
 }
 
@@ -239,6 +245,7 @@ impl<B: Backend> Core<B> {
             tracing: options.tracing,
             hook: options.hook,
             handoff: options.handoff,
+            budget: options.budget,
             defer_drops: options.defer_drops,
         }
     }
@@ -249,6 +256,22 @@ impl<B: Backend> Core<B> {
 
     pub(crate) fn held_lock_count(&self) -> usize {
         self.held.load(Ordering::SeqCst)
+    }
+
+    /// The budget of held locks in force, once there is one.
+    pub(crate) fn lock_budget(&self) -> Option<usize> {
+        self.budget.limit()
+    }
+
+    /// A place in the budget for one more lock, asked for before the server is.
+    fn reserve(&self, request: &Request<'_>) -> Result<Slot> {
+        self.budget
+            .reserve()
+            .map_err(|(held, budget)| Error::BudgetExhausted {
+                key: request.name(),
+                held,
+                budget,
+            })
     }
 
     /// Mirrors the registry's size; only called with the state lock held.
@@ -320,14 +343,17 @@ impl<B: Backend> Core<B> {
             Some(mut handoff) => Granted {
                 token: self.backend.refence(request, &mut handoff.session).await?,
                 session: handoff.session,
+                slot: handoff.slot,
                 since: handoff.since,
                 handoffs: handoff.handoffs,
             },
             None => {
+                let slot = self.reserve(request)?;
                 self.checkpoint(Stage::Server, key).await;
                 let (session, token) = self.backend.lock(request).await?;
                 Granted {
                     session,
+                    slot,
                     token,
                     since: Instant::now(),
                     handoffs: 0,
@@ -408,12 +434,14 @@ impl<B: Backend> Core<B> {
         let Some(permit) = turn.try_take() else {
             return Ok(None);
         };
+        let slot = self.reserve(request)?;
         self.checkpoint(Stage::Server, key).await;
         let Some((session, token)) = self.backend.try_lock(request).await? else {
             return Ok(None);
         };
         let granted = Granted {
             session,
+            slot,
             token,
             since: Instant::now(),
             handoffs: 0,

@@ -10,7 +10,7 @@ use tracing::{Instrument, Span};
 
 use super::spans::{self, Outcome};
 use super::turn::{Handoff, Turn, TurnPermit};
-use super::{Backend, Core, Request, Slots, Stage};
+use super::{Backend, Core, Request, Slot, Slots, Stage};
 use crate::telemetry::{self, outcome, via};
 use crate::{Error, LockKey, LockMode, LockTarget, LossCause, LossSignal, Result};
 
@@ -33,12 +33,15 @@ pub(super) struct Held<S: Send + 'static> {
     // Field order matters: the session (which may still hold the lock) goes before the turn,
     // so a local waiter never starts before the lock is at least being let go.
     pub(super) session: S,
+    /// The lock's place in the manager's budget, given back once it is let go.
+    pub(super) slot: Slot,
     pub(super) turn: TurnPermit<S>,
 }
 
 /// A granted session about to be registered, with its history.
 pub(super) struct Granted<S: Send + 'static> {
     pub(super) session: S,
+    pub(super) slot: Slot,
     pub(super) token: Option<i64>,
     pub(super) since: Instant,
     pub(super) handoffs: u32,
@@ -95,6 +98,7 @@ impl<B: Backend> Core<B> {
             since: granted.since,
             handoffs: granted.handoffs,
             session: granted.session,
+            slot: granted.slot,
             turn,
         };
         {
@@ -283,6 +287,7 @@ impl<B: Backend> Core<B> {
             target,
             mode,
             session,
+            slot,
             turn,
             since,
             handoffs,
@@ -291,9 +296,10 @@ impl<B: Backend> Core<B> {
         let within_limits = self.handoff.is_some_and(|limits| {
             handoffs < limits.max_handoffs && since.elapsed() < limits.max_hold
         });
-        let (turn, session) = if within_limits {
+        let (turn, session, slot) = if within_limits {
             let handoff = Handoff {
                 session,
+                slot,
                 mode,
                 since,
                 handoffs: handoffs + 1,
@@ -303,17 +309,18 @@ impl<B: Backend> Core<B> {
                     recorder.finish(outcome::HANDED_OVER, false);
                     return Ok(());
                 }
-                Err((turn, handoff)) => (turn, handoff.session),
+                Err((turn, handoff)) => (turn, handoff.session, handoff.slot),
             }
         } else {
-            (turn, session)
+            (turn, session, slot)
         };
         let result = self
             .backend
             .unlock(key, target, mode, session)
             .instrument(span.clone())
             .await;
-        drop(turn);
+        // The place in the budget comes back once the server has let the lock go.
+        drop((slot, turn));
         match &result {
             Ok(()) => recorder.finish(outcome::RELEASED, false),
             Err(err) => {

@@ -16,6 +16,8 @@ use crate::LockMode;
 /// A session that still holds the server lock, handed from one local holder to the next.
 pub(crate) struct Handoff<S> {
     pub(crate) session: S,
+    /// The lock's place in the manager's budget, which goes with it.
+    pub(crate) slot: super::Slot,
     pub(crate) mode: LockMode,
     /// When the server granted the lock this session still holds.
     pub(crate) since: Instant,

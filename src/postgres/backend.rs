@@ -13,7 +13,7 @@ use super::monitor::Monitor;
 use super::sessions::{LockSessions, Unavailable};
 use super::statements::{Statements, target_args};
 use super::wait_session::{IdleSessions, PgSession};
-use crate::core::{Backend, Core, Request};
+use crate::core::{Backend, Budget, Core, Request};
 use crate::{Error, LockKey, LockMode, LockTarget, ReleaseFailure, Result};
 
 pub(crate) struct PgBackend {
@@ -31,6 +31,8 @@ pub(crate) struct PgBackend {
     pub(crate) idle: Arc<IdleSessions>,
     /// Set once the fencing table is known to exist.
     pub(crate) fencing_ready: Arc<OnceCell<()>>,
+    /// The manager's budget of held locks, whose default the first session's set-up derives.
+    pub(crate) budget: Arc<Budget>,
 }
 
 /// How a held lock is held: on a lock session shared with other locks, or on a session of its

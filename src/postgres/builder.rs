@@ -15,7 +15,7 @@ use super::monitor::{Monitor, Probe};
 use super::sessions::{LockSessions, SessionsConfig};
 use super::statements::Statements;
 use super::wait_session::IdleSessions;
-use crate::core::{Core, HandoffLimits, Hook, Options};
+use crate::core::{Budget, Core, HandoffLimits, Hook, Options};
 
 /// Builds a [`PostgresLockManager`].
 #[must_use = "a builder does nothing until `build` is called"]
@@ -33,6 +33,7 @@ pub struct PostgresLockManagerBuilder {
     lock_sessions: usize,
     session_idle_timeout: Duration,
     allow_standby: bool,
+    lock_budget: Option<usize>,
     meter: crate::metrics::MeterChoice,
     hook: Option<Hook>,
     defer_drops: bool,
@@ -54,6 +55,7 @@ impl PostgresLockManagerBuilder {
             lock_sessions: 2,
             session_idle_timeout: Duration::from_secs(10),
             allow_standby: false,
+            lock_budget: None,
             meter: Default::default(),
             hook: None,
             defer_drops: false,
@@ -134,6 +136,27 @@ impl PostgresLockManagerBuilder {
     /// its server is in recovery.
     pub fn allow_standby(mut self, allow: bool) -> Self {
         self.allow_standby = allow;
+        self
+    }
+
+    /// How many locks the manager may hold at once. An acquisition beyond it fails with
+    /// [`Error::BudgetExhausted`](crate::Error::BudgetExhausted) before the server is asked.
+    ///
+    /// PostgreSQL keeps advisory locks in the one shared lock table that every other lock of
+    /// the database needs too, sized `max_locks_per_transaction × (max_connections +
+    /// max_prepared_transactions)` slots (6,400 on a stock server, which fits roughly twice as
+    /// many advisory locks by borrowing spare shared memory). A manager that fills it stops
+    /// other clients from taking any lock, and even from connecting.
+    ///
+    /// Default: `max_locks_per_transaction × the pool's max_connections`, read from the server
+    /// when the first session is set up (640 for sqlx's default pool of 10 on a stock server):
+    /// the share of the table the pool's connections are entitled to. Since every pool counts
+    /// against the server's `max_connections`, the defaults of a whole fleet of managers stay
+    /// within the table's nominal size. Raise it on purpose, knowing the table's size and who
+    /// else uses it; [`PostgresLockManager::lock_budget`](crate::PostgresLockManager::lock_budget)
+    /// says what is in force.
+    pub fn lock_budget(mut self, max_locks: usize) -> Self {
+        self.lock_budget = Some(max_locks);
         self
     }
 
@@ -255,6 +278,8 @@ impl PostgresLockManagerBuilder {
             &monitor_name(&self.pool),
         );
         let fencing_ready = Arc::new(OnceCell::new());
+        let metrics = crate::metrics::Metrics::build(self.meter, &holder_id);
+        let budget = Budget::new(self.lock_budget, metrics.clone());
         let context = Arc::new(SessionContext {
             statements: Arc::clone(&statements),
             statement_timeout: self.release_timeout,
@@ -270,6 +295,7 @@ impl PostgresLockManagerBuilder {
             context,
             Arc::clone(&fencing_ready),
             Arc::clone(&monitor),
+            Arc::clone(&budget),
         );
         let backend = PgBackend {
             statements,
@@ -281,9 +307,11 @@ impl PostgresLockManagerBuilder {
             answer_grace: Duration::from_millis(250),
             allow_standby: self.allow_standby,
             idle: IdleSessions::new(self.idle_sessions.0, self.idle_sessions.1),
+            budget: Arc::clone(&budget),
         };
         let options = Options {
-            metrics: crate::metrics::Metrics::build(self.meter, &holder_id),
+            metrics,
+            budget,
             holder_id: holder_id.into(),
             tracing: self.tracing,
             hook: self.hook,
@@ -325,6 +353,7 @@ impl fmt::Debug for PostgresLockManagerBuilder {
             .field("lock_sessions", &self.lock_sessions)
             .field("session_idle_timeout", &self.session_idle_timeout)
             .field("allow_standby", &self.allow_standby)
+            .field("lock_budget", &self.lock_budget)
             .field("idle_sessions", &self.idle_sessions)
             .finish_non_exhaustive()
     }

@@ -161,6 +161,13 @@ impl PostgresLockManager {
         &self.core.backend.pool
     }
 
+    /// The most locks this manager may hold at once (see
+    /// [`lock_budget`](PostgresLockManagerBuilder::lock_budget)); `None` until it is known: a
+    /// default is derived from the server's settings when the first session is set up.
+    pub fn lock_budget(&self) -> Option<usize> {
+        self.core.lock_budget()
+    }
+
     /// How many lock sessions the manager has open right now.
     pub fn lock_session_count(&self) -> usize {
         self.core.backend.sessions.open_count()

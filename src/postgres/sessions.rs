@@ -12,8 +12,8 @@ use tokio::time::{Instant, timeout, timeout_at};
 use super::errors::Failure;
 use super::lock_session::{LockSession, SessionContext, SessionEvents};
 use super::monitor::Monitor;
-use super::wait_session::{IdleSessions, PgSession};
-use crate::Result;
+use super::wait_session::{IdleSessions, PgSession, SetUp};
+use crate::core::Budget;
 
 pub(crate) struct SessionsConfig {
     /// At most this many lock sessions at once.
@@ -34,6 +34,7 @@ struct Inner {
     context: Arc<SessionContext>,
     fencing_ready: Arc<OnceCell<()>>,
     monitor: Arc<Monitor>,
+    budget: Arc<Budget>,
     /// Where a retired session's connection goes: straight back to the pool.
     returns: Arc<IdleSessions>,
     state: Mutex<State>,
@@ -59,6 +60,7 @@ impl LockSessions {
         context: Arc<SessionContext>,
         fencing_ready: Arc<OnceCell<()>>,
         monitor: Arc<Monitor>,
+        budget: Arc<Budget>,
     ) -> Self {
         LockSessions {
             inner: Arc::new(Inner {
@@ -67,6 +69,7 @@ impl LockSessions {
                 context,
                 fencing_ready,
                 monitor,
+                budget,
                 returns: IdleSessions::new(0, Duration::ZERO),
                 state: Mutex::new(State::default()),
                 changed: Notify::new(),
@@ -144,6 +147,17 @@ pub(crate) enum Unavailable {
     Failed(Failure),
 }
 
+/// The default budget of held locks: as many as the pool's connections are entitled to in the
+/// server's shared lock table, which PostgreSQL sizes at `max_locks_per_transaction` per
+/// connection slot. Every pool's connections count against the server's `max_connections`,
+/// so the default budgets of all managers together stay within the table's nominal size,
+/// whatever the size of the fleet, and the table's spare room stays with the rest of the
+/// database.
+pub(crate) fn default_budget(pool: &PgPool, set_up: SetUp) -> usize {
+    let connections = pool.options().get_max_connections() as usize;
+    set_up.max_locks_per_transaction.saturating_mul(connections.max(1))
+}
+
 /// How many locks a session carries before the manager opens another (up to the cap) to spread
 /// them. PostgreSQL walks a session's whole local lock table at the end of every transaction,
 /// so each statement on a session holding N locks costs O(N) on the server: about 0.03 ms with
@@ -206,10 +220,12 @@ impl Inner {
             reason: format!("a new lock session's set-up went unanswered for {bound:?}"),
             transient: true,
         };
-        let standby = timeout(bound, session.set_up(statements.tag.as_deref()))
+        let set_up = timeout(bound, session.set_up(statements.tag.as_deref()))
             .await
             .map_err(|_| unanswered())?
             .map_err(|err| Failure::from_sqlx(&err))?;
+        self.budget.set_default(default_budget(&self.pool, set_up));
+        let standby = set_up.standby;
         if standby && !self.config.allow_standby {
             // Closed, not pooled: a connection to a standby is of no use to this pool, and
             // one kept would be handed out again (a set-up session is not checked twice).

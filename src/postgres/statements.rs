@@ -24,9 +24,10 @@ pub(crate) fn whole_ms(duration: std::time::Duration) -> u128 {
 }
 
 /// Sets up a session the manager is about to use: reports its process id, the name to restore
-/// later and whether the server is a standby, and (when `$1` is not null) tags it.
+/// later, whether the server is a standby and its `max_locks_per_transaction` (for the default
+/// budget of held locks), and (when `$1` is not null) tags it.
 pub(crate) const SETUP: &str = "SELECT pg_backend_pid(), current_setting('application_name'), \
-     pg_is_in_recovery(), \
+     pg_is_in_recovery(), current_setting('max_locks_per_transaction')::int8, \
      CASE WHEN $1::text IS NULL THEN NULL ELSE set_config('application_name', $1, false) END";
 
 /// Restores the `application_name` a session had before the manager tagged it.

@@ -79,8 +79,10 @@ impl PgBackend {
                     .map_err(|_| req.timed_out())?,
                 None => set_up.await,
             };
-            let standby = answered.map_err(|err| statement_error(req.key, err))?;
-            if standby && !self.allow_standby {
+            let set_up = answered.map_err(|err| statement_error(req.key, err))?;
+            self.budget
+                .set_default(super::sessions::default_budget(&self.pool, set_up));
+            if set_up.standby && !self.allow_standby {
                 // Closed, not kept: a kept session counts as set up, and would be waited on
                 // without this check.
                 session.mark_dirty();

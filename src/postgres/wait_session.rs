@@ -154,6 +154,15 @@ async fn reap(idle: std::sync::Weak<IdleSessions>) {
     }
 }
 
+/// What a session's set-up learned about its server.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SetUp {
+    /// The server is in recovery.
+    pub(crate) standby: bool,
+    /// The server's `max_locks_per_transaction`.
+    pub(crate) max_locks_per_transaction: usize,
+}
+
 /// A pooled connection that goes back to the pool only when it is known to be clean: no
 /// advisory lock held, no statement in flight, and the `application_name` the manager set is
 /// restored first. In every other state dropping it closes the connection, which is what makes
@@ -184,21 +193,25 @@ impl PgSession {
         self.pid != 0
     }
 
-    /// Learns the backend's process id and whether the server is a standby, and tags the
-    /// session with `tag` (restored before the connection goes back to the pool). Returns true
-    /// on a standby.
-    pub(crate) async fn set_up(&mut self, tag: Option<&str>) -> Result<bool, sqlx::Error> {
-        let (pid, before, standby, _) =
-            sqlx::query_as::<_, (i32, String, bool, Option<String>)>(super::statements::SETUP)
-                .bind(tag)
-                .fetch_one(self.conn())
-                .await?;
+    /// Learns the backend's process id and what the server is, and tags the session with
+    /// `tag` (restored before the connection goes back to the pool).
+    pub(crate) async fn set_up(&mut self, tag: Option<&str>) -> Result<SetUp, sqlx::Error> {
+        let (pid, before, standby, max_locks_per_transaction, _) =
+            sqlx::query_as::<_, (i32, String, bool, i64, Option<String>)>(
+                super::statements::SETUP,
+            )
+            .bind(tag)
+            .fetch_one(self.conn())
+            .await?;
         self.mark_clean();
         self.pid = pid;
         if tag.is_some() {
             self.original_name.get_or_insert(before);
         }
-        Ok(standby)
+        Ok(SetUp {
+            standby,
+            max_locks_per_transaction: usize::try_from(max_locks_per_transaction).unwrap_or(0),
+        })
     }
 
     /// Makes sure the role can mint tokens in the fencing table, creating it where it is
