@@ -1,0 +1,218 @@
+//! pglock runs as the application's own role: one that owns nothing and, on PostgreSQL 15 and
+//! later, may not create in schema `public`.
+//!
+//! Each test makes a database of its own (so `public` is as a fresh database has it) and a
+//! role with no privilege beyond connecting; the tables pglock uses are made by an admin with
+//! the documented DDL and grants, as a user's migrations would. A missing privilege is a typed
+//! error naming the object and the privilege, never a connection error.
+
+mod common;
+
+use std::time::Duration;
+
+use pglock::schedule::{self, RunOutcome, ScheduledJob};
+use pglock::{Error, FencingTable, LockManager, LockManagerExt, PostgresLockManager};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+
+const BOUND: Duration = Duration::from_secs(10);
+
+/// A fresh database, an admin pool on it, and a role that owns nothing.
+struct Sandbox {
+    admin: PgPool,
+    role_options: PgConnectOptions,
+    database: String,
+    role: String,
+}
+
+impl Sandbox {
+    async fn new(label: &str) -> Sandbox {
+        let suffix = &uuid::Uuid::new_v4().simple().to_string()[..12];
+        let (database, role) = (format!("roles_{label}_{suffix}"), format!("app_{suffix}"));
+        let server = common::pool(1).await;
+        exec(&server, format!("CREATE DATABASE {database}"))
+            .await
+            .expect("create the database (the test user needs CREATEDB)");
+        exec(&server, format!("CREATE ROLE {role} LOGIN PASSWORD 'app'"))
+            .await
+            .expect("create the role (the test user needs CREATEROLE)");
+        server.close().await;
+        let options: PgConnectOptions = common::url().parse().expect("url");
+        let admin = PgPoolOptions::new()
+            .max_connections(2)
+            .connect_with(options.clone().database(&database))
+            .await
+            .expect("connect as admin");
+        // As PostgreSQL 15 has it by default; said out loud for older servers.
+        exec(&admin, "REVOKE CREATE ON SCHEMA public FROM PUBLIC".to_owned())
+            .await
+            .expect("revoke");
+        let role_options = options.database(&database).username(&role).password("app");
+        Sandbox {
+            admin,
+            role_options,
+            database,
+            role,
+        }
+    }
+
+    /// Drops the database and the role (a server given in `DATABASE_URL` keeps neither).
+    async fn remove(self) {
+        self.admin.close().await;
+        let server = common::pool(1).await;
+        for sql in [
+            format!("DROP DATABASE {} WITH (FORCE)", self.database),
+            format!("DROP ROLE {}", self.role),
+        ] {
+            exec(&server, sql).await.expect("clean up");
+        }
+        server.close().await;
+    }
+
+    /// A pool connecting as the role.
+    async fn role_pool(&self) -> PgPool {
+        PgPoolOptions::new()
+            .max_connections(4)
+            .connect_with(self.role_options.clone())
+            .await
+            .expect("connect as the role")
+    }
+
+    async fn admin(&self, sql: &str) {
+        exec(&self.admin, sql.to_owned())
+            .await
+            .unwrap_or_else(|err| panic!("{sql}: {err}"));
+    }
+}
+
+/// Runs an SQL text made by this test.
+async fn exec(pool: &PgPool, sql: String) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(pool)
+        .await
+        .map(drop)
+}
+
+#[tokio::test]
+async fn plain_locks_need_no_privilege() {
+    let sandbox = Sandbox::new("plain").await;
+    let locks = PostgresLockManager::new(sandbox.role_pool().await);
+    locks
+        .with_lock("roles:plain", Some(BOUND), |_| async {})
+        .await
+        .expect("a role that owns nothing takes advisory locks");
+    locks.pool().close().await;
+    sandbox.remove().await;
+}
+
+#[tokio::test]
+async fn fencing_runs_as_a_role_that_owns_nothing_once_the_table_is_made_and_granted() {
+    let sandbox = Sandbox::new("fencing").await;
+    let table = FencingTable::default();
+    let locks = PostgresLockManager::builder(sandbox.role_pool().await)
+        .fencing(table.clone())
+        .build();
+
+    // No table, and no right to create one in public: typed, naming the schema and CREATE.
+    let err = locks
+        .acquire("roles:fenced", Some(BOUND))
+        .await
+        .expect_err("the table is missing");
+    match &err {
+        Error::PermissionDenied {
+            object, privilege, ..
+        } => {
+            assert!(object.contains("schema \"public\""), "{object}");
+            assert!(object.contains("pglock_fencing_tokens"), "{object}");
+            assert_eq!(privilege, "CREATE");
+        }
+        other => panic!("expected PermissionDenied, got {other:?}"),
+    }
+    assert_eq!(locks.held_lock_count(), 0, "nothing was taken");
+    let up_front = locks.ensure_fencing_table().await.expect_err("the same check up front");
+    assert!(matches!(up_front, Error::PermissionDenied { .. }), "{up_front:?}");
+
+    // The admin makes the table with the documented DDL, but grants nothing yet.
+    sandbox.admin(&table.ddl()).await;
+    let err = locks
+        .acquire("roles:fenced", Some(BOUND))
+        .await
+        .expect_err("no grant yet");
+    match &err {
+        Error::PermissionDenied {
+            object, privilege, ..
+        } => {
+            assert!(object.contains("table \"pglock_fencing_tokens\""), "{object}");
+            assert_eq!(privilege, "SELECT, INSERT, UPDATE");
+        }
+        other => panic!("expected PermissionDenied, got {other:?}"),
+    }
+
+    // The documented grant is enough: fenced acquisitions work and tokens increase.
+    sandbox
+        .admin(&format!(
+            "GRANT SELECT, INSERT, UPDATE ON pglock_fencing_tokens TO {}",
+            sandbox.role
+        ))
+        .await;
+    let mut tokens = Vec::new();
+    for _ in 0..3 {
+        let guard = locks
+            .acquire("roles:fenced", Some(BOUND))
+            .await
+            .expect("fenced acquisition as the role");
+        tokens.push(guard.info().fencing_token.expect("a token"));
+        guard.release().await.expect("release");
+    }
+    assert!(tokens.windows(2).all(|pair| pair[0] < pair[1]), "{tokens:?}");
+    // A contended acquisition mints in its wait statement: the grant covers it too.
+    let holder = PostgresLockManager::builder(sandbox.role_pool().await)
+        .fencing(table)
+        .build();
+    let held = holder.acquire("roles:fenced", Some(BOUND)).await.expect("held");
+    let (waited, released) = tokio::join!(locks.acquire("roles:fenced", Some(BOUND)), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        held.release().await
+    });
+    released.expect("release");
+    let waited = waited.expect("granted after the wait");
+    assert!(waited.info().fencing_token > tokens.last().copied());
+    waited.release().await.expect("release");
+    locks.pool().close().await;
+    holder.pool().close().await;
+    sandbox.remove().await;
+}
+
+#[tokio::test]
+async fn scheduled_jobs_run_as_a_role_that_owns_nothing_once_the_table_is_made_and_granted() {
+    let sandbox = Sandbox::new("jobs").await;
+    let locks = PostgresLockManager::new(sandbox.role_pool().await);
+    let job = ScheduledJob::builder(locks.clone(), "roles-job", Duration::from_secs(3600))
+        .build()
+        .expect("valid");
+    let err = job.run(|_| async {}).await.expect_err("the table is missing");
+    match &err {
+        schedule::Error::PermissionDenied {
+            object, privilege, ..
+        } => {
+            assert!(object.contains("schema \"public\""), "{object}");
+            assert_eq!(privilege, "CREATE");
+        }
+        other => panic!("expected PermissionDenied, got {other:?}"),
+    }
+    let table = pglock::schedule::JobTable::default();
+    sandbox.admin(&table.ddl()).await;
+    sandbox
+        .admin(&format!(
+            "GRANT SELECT, INSERT, UPDATE ON pglock_scheduled_jobs TO {}",
+            sandbox.role
+        ))
+        .await;
+    // The first check failed, so the job checks again and finds the table usable.
+    match job.run(|_| async { 7 }).await.expect("runs as the role") {
+        RunOutcome::Ran { value, .. } => assert_eq!(value, 7),
+        other => panic!("expected a run, got {other:?}"),
+    }
+    locks.pool().close().await;
+    sandbox.remove().await;
+}
