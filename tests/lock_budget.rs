@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use common::{app_name, key, observer, pool_named};
 use pglock::testing::TempPostgres;
-use pglock::{Error, InMemoryLockManager, LockGuard, LockManager, LockManagerExt, PostgresLockManager};
+use pglock::{
+    Error, InMemoryLockManager, LockGuard, LockManager, LockManagerExt, PostgresLockManager,
+};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 
@@ -79,7 +81,11 @@ async fn many_locks_in_one_transaction(url: &str, n: i64) -> Result<(), sqlx::Er
 
 /// Asks `locks` for `keys` keys, keeping every one granted; returns the guards and the first
 /// error.
-async fn take_keys(locks: &PostgresLockManager, label: &str, keys: usize) -> (Vec<LockGuard>, Option<Error>) {
+async fn take_keys(
+    locks: &PostgresLockManager,
+    label: &str,
+    keys: usize,
+) -> (Vec<LockGuard>, Option<Error>) {
     let mut guards = Vec::new();
     for i in 0..keys {
         match locks.try_acquire(format!("{label}:{i}")).await {
@@ -105,7 +111,11 @@ async fn a_manager_asked_for_thirty_thousand_keys_stops_at_its_budget_and_the_da
     let locks = PostgresLockManager::builder(pool.clone())
         .holder_id(&app)
         .build();
-    assert_eq!(locks.lock_budget(), None, "unknown before the first session");
+    assert_eq!(
+        locks.lock_budget(),
+        None,
+        "unknown before the first session"
+    );
 
     let (guards, refused) = take_keys(&locks, "budget", 30_000).await;
     // 64 (stock max_locks_per_transaction) × 10 (sqlx's default pool).
@@ -132,7 +142,10 @@ async fn a_manager_asked_for_thirty_thousand_keys_stops_at_its_budget_and_the_da
         .acquire("budget:waiting", Some(BOUND))
         .await
         .expect_err("a waiting acquisition is refused too");
-    assert!(matches!(waited, Error::BudgetExhausted { .. }), "{waited:?}");
+    assert!(
+        matches!(waited, Error::BudgetExhausted { .. }),
+        "{waited:?}"
+    );
     assert_eq!(advisory_locks(&observer, &app).await, 640);
 
     // Everyone else still has the lock table: a 3,000-lock transaction and a new connection.
@@ -148,7 +161,12 @@ async fn a_manager_asked_for_thirty_thousand_keys_stops_at_its_budget_and_the_da
 
     // A released lock gives its place back.
     let mut guards = guards;
-    guards.pop().expect("held").release().await.expect("release");
+    guards
+        .pop()
+        .expect("held")
+        .release()
+        .await
+        .expect("release");
     let again = locks
         .acquire("budget:again", Some(BOUND))
         .await
@@ -176,7 +194,10 @@ async fn without_a_budget_a_full_lock_table_is_a_typed_error() {
     match refused {
         Some(Error::LockTableFull { key, source }) => {
             assert_eq!(key, format!("unbudgeted:{}", guards.len()));
-            assert!(source.to_string().contains("out of shared memory"), "{source}");
+            assert!(
+                source.to_string().contains("out of shared memory"),
+                "{source}"
+            );
         }
         other => panic!("expected LockTableFull, got {other:?}"),
     }
@@ -208,12 +229,31 @@ async fn an_explicit_budget_is_kept_whatever_the_server_says() {
     let keys: Vec<String> = (0..4).map(|_| key("explicit-budget")).collect();
     let mut held = Vec::new();
     for key in &keys[..3] {
-        held.push(locks.acquire(key, Some(BOUND)).await.expect("within budget"));
+        held.push(
+            locks
+                .acquire(key, Some(BOUND))
+                .await
+                .expect("within budget"),
+        );
     }
-    assert_eq!(locks.lock_budget(), Some(3), "the server's settings do not replace it");
-    let err = locks.acquire(&keys[3], Some(BOUND)).await.expect_err("over budget");
+    assert_eq!(
+        locks.lock_budget(),
+        Some(3),
+        "the server's settings do not replace it"
+    );
+    let err = locks
+        .acquire(&keys[3], Some(BOUND))
+        .await
+        .expect_err("over budget");
     assert!(
-        matches!(&err, Error::BudgetExhausted { held: 3, budget: 3, .. }),
+        matches!(
+            &err,
+            Error::BudgetExhausted {
+                held: 3,
+                budget: 3,
+                ..
+            }
+        ),
         "{err:?}"
     );
     assert_eq!(
@@ -226,8 +266,14 @@ async fn an_explicit_budget_is_kept_whatever_the_server_says() {
     );
     assert_eq!(advisory_locks(&observer, &app).await, 3);
     // A lock taken away through the manager gives its place back too.
-    locks.release(keys[0].as_str()).await.expect("release by key");
-    let fourth = locks.acquire(&keys[3], Some(BOUND)).await.expect("a place came back");
+    locks
+        .release(keys[0].as_str())
+        .await
+        .expect("release by key");
+    let fourth = locks
+        .acquire(&keys[3], Some(BOUND))
+        .await
+        .expect("a place came back");
     fourth.release().await.expect("release");
     assert_eq!(locks.release_all().await.expect("release_all"), 2);
     drop(held);
@@ -240,7 +286,17 @@ async fn the_in_memory_manager_keeps_a_budget_for_unit_tests() {
     let a = locks.acquire("a", None).await.expect("a");
     let b = locks.try_acquire("b").await.expect("b").expect("free");
     let err = locks.try_acquire("c").await.expect_err("over budget");
-    assert!(matches!(err, Error::BudgetExhausted { held: 2, budget: 2, .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            Error::BudgetExhausted {
+                held: 2,
+                budget: 2,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
     // A lock handed from one caller to the next keeps its one place.
     let (next, released) = tokio::join!(locks.acquire("a", Some(BOUND)), async {
         tokio::task::yield_now().await;
@@ -249,5 +305,8 @@ async fn the_in_memory_manager_keeps_a_budget_for_unit_tests() {
     released.expect("release");
     let next = next.expect("handed over within the budget");
     drop((next, b));
-    assert!(InMemoryLockManager::new().lock_budget().is_none(), "no limit by default");
+    assert!(
+        InMemoryLockManager::new().lock_budget().is_none(),
+        "no limit by default"
+    );
 }

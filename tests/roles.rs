@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use pglock::schedule::{self, RunOutcome, ScheduledJob};
 use pglock::{Error, FencingTable, LockManager, LockManagerExt, PostgresLockManager};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 const BOUND: Duration = Duration::from_secs(10);
 
@@ -44,9 +44,12 @@ impl Sandbox {
             .await
             .expect("connect as admin");
         // As PostgreSQL 15 has it by default; said out loud for older servers.
-        exec(&admin, "REVOKE CREATE ON SCHEMA public FROM PUBLIC".to_owned())
-            .await
-            .expect("revoke");
+        exec(
+            &admin,
+            "REVOKE CREATE ON SCHEMA public FROM PUBLIC".to_owned(),
+        )
+        .await
+        .expect("revoke");
         let role_options = options.database(&database).username(&role).password("app");
         Sandbox {
             admin,
@@ -129,8 +132,14 @@ async fn fencing_runs_as_a_role_that_owns_nothing_once_the_table_is_made_and_gra
         other => panic!("expected PermissionDenied, got {other:?}"),
     }
     assert_eq!(locks.held_lock_count(), 0, "nothing was taken");
-    let up_front = locks.ensure_fencing_table().await.expect_err("the same check up front");
-    assert!(matches!(up_front, Error::PermissionDenied { .. }), "{up_front:?}");
+    let up_front = locks
+        .ensure_fencing_table()
+        .await
+        .expect_err("the same check up front");
+    assert!(
+        matches!(up_front, Error::PermissionDenied { .. }),
+        "{up_front:?}"
+    );
 
     // The admin makes the table with the documented DDL, but grants nothing yet.
     sandbox.admin(&table.ddl()).await;
@@ -142,7 +151,10 @@ async fn fencing_runs_as_a_role_that_owns_nothing_once_the_table_is_made_and_gra
         Error::PermissionDenied {
             object, privilege, ..
         } => {
-            assert!(object.contains("table \"pglock_fencing_tokens\""), "{object}");
+            assert!(
+                object.contains("table \"pglock_fencing_tokens\""),
+                "{object}"
+            );
             assert_eq!(privilege, "SELECT, INSERT, UPDATE");
         }
         other => panic!("expected PermissionDenied, got {other:?}"),
@@ -164,12 +176,18 @@ async fn fencing_runs_as_a_role_that_owns_nothing_once_the_table_is_made_and_gra
         tokens.push(guard.info().fencing_token.expect("a token"));
         guard.release().await.expect("release");
     }
-    assert!(tokens.windows(2).all(|pair| pair[0] < pair[1]), "{tokens:?}");
+    assert!(
+        tokens.windows(2).all(|pair| pair[0] < pair[1]),
+        "{tokens:?}"
+    );
     // A contended acquisition mints in its wait statement: the grant covers it too.
     let holder = PostgresLockManager::builder(sandbox.role_pool().await)
         .fencing(table)
         .build();
-    let held = holder.acquire("roles:fenced", Some(BOUND)).await.expect("held");
+    let held = holder
+        .acquire("roles:fenced", Some(BOUND))
+        .await
+        .expect("held");
     let (waited, released) = tokio::join!(locks.acquire("roles:fenced", Some(BOUND)), async {
         tokio::time::sleep(Duration::from_millis(100)).await;
         held.release().await
@@ -190,7 +208,10 @@ async fn scheduled_jobs_run_as_a_role_that_owns_nothing_once_the_table_is_made_a
     let job = ScheduledJob::builder(locks.clone(), "roles-job", Duration::from_secs(3600))
         .build()
         .expect("valid");
-    let err = job.run(|_| async {}).await.expect_err("the table is missing");
+    let err = job
+        .run(|_| async {})
+        .await
+        .expect_err("the table is missing");
     match &err {
         schedule::Error::PermissionDenied {
             object, privilege, ..
