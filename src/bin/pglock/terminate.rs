@@ -25,6 +25,13 @@ WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted \
   AND l.classid = $1::int8::oid AND l.objid = $2::int8::oid \
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())";
 
+// How many other advisory locks (of any database) the chosen sessions hold: they all end with
+// their session, which a lock manager shares between many locks.
+const OTHER_LOCKS: &str = "\
+SELECT count(*) FROM pg_locks \
+WHERE locktype = 'advisory' AND granted AND pid = ANY($3::int4[]) \
+  AND NOT (classid = $1::int8::oid AND objid = $2::int8::oid AND objsubid = 1)";
+
 /// Which holders to end.
 #[derive(Debug)]
 pub(crate) struct TerminateArgs {
@@ -68,7 +75,14 @@ pub(crate) fn terminate(
     shown.holders.clone_from(&chosen);
     shown.waiters.clear();
     let _ = write!(err, "{}", table(&[shown], true));
-    if !args.yes && !ask(&mut err, chosen.len())? {
+    let others = runtime.block_on(other_locks(pool, &report, &chosen))?;
+    if others > 0 {
+        let _ = writeln!(
+            err,
+            "  these sessions also hold {others} other advisory lock(s), which end with them"
+        );
+    }
+    if !args.yes && !ask(&mut err, chosen.len(), others)? {
         let _ = writeln!(err, "pglock: nothing terminated");
         return Ok(EXIT_DECLINED);
     }
@@ -102,10 +116,11 @@ fn choose(report: &LockReport, args: &TerminateArgs) -> Vec<Session> {
         .collect()
 }
 
-fn ask(err: &mut impl Write, count: usize) -> Result<bool, Failure> {
+fn ask(err: &mut impl Write, count: usize, others: i64) -> Result<bool, Failure> {
     let _ = write!(
         err,
-        "Terminate {count} session(s) above, ending everything they do? [y/N] "
+        "Terminate {count} session(s) above, ending everything they do, \
+         {others} other advisory lock(s) included? [y/N] "
     );
     let _ = err.flush();
     let mut answer = String::new();
@@ -114,6 +129,22 @@ fn ask(err: &mut impl Write, count: usize) -> Result<bool, Failure> {
         .read_line(&mut answer)
         .map_err(|e| Failure(EXIT_RUNTIME, format!("cannot read the answer: {e}")))?;
     Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes"))
+}
+
+/// How many advisory locks other than this one the chosen sessions hold.
+async fn other_locks(
+    pool: &PgPool,
+    report: &LockReport,
+    chosen: &[Session],
+) -> Result<i64, Failure> {
+    let pids: Vec<i32> = chosen.iter().filter_map(|s| s.pid).collect();
+    sqlx::query_scalar(OTHER_LOCKS)
+        .bind(i64::from(report.classid))
+        .bind(i64::from(report.objid))
+        .bind(pids)
+        .fetch_one(pool)
+        .await
+        .map_err(|e| Failure(EXIT_RUNTIME, format!("cannot count the other locks: {e}")))
 }
 
 /// Terminates the chosen sessions that still hold the lock; returns their pids.
