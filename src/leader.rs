@@ -393,7 +393,7 @@ impl LeaderElectionBuilder {
         self
     }
 
-    /// Whether to emit the [`telemetry::leader`](crate::telemetry::leader) spans and events.
+    /// Whether to emit the election's spans and events ([`crate::telemetry::leader`]).
     /// Default: on.
     pub fn tracing(mut self, enabled: bool) -> Self {
         self.tracing = enabled;

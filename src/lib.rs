@@ -8,28 +8,27 @@
 //!
 //! | item | what it is |
 //! | --- | --- |
-//! | [`LockManager`] | The port: the contract every lock manager fulfils, usable generically or as `Arc<dyn LockManager>`. |
-//! | [`PostgresLockManager`] | Session advisory locks on a few long-lived connections of your [`sqlx::PgPool`], each carrying any number of locks. |
-//! | [`TransactionLock`] | An advisory lock inside your own sqlx transaction, released when it commits or rolls back; the one that works through PgBouncer in transaction pooling mode. |
+//! | [`LockManager`] | The port: the contract every lock manager fulfils, for implementors; services hold an `Arc<dyn LockManager>`. |
+//! | [`LockManagerExt`] | The caller's API on every manager, for any kind of key: [`with_lock`](LockManagerExt::with_lock) and [`try_with_lock`](LockManagerExt::try_with_lock) (a closure under the lock), [`acquire`](LockManagerExt::acquire) and [`try_acquire`](LockManagerExt::try_acquire) (a guard), [`release`](LockManagerExt::release), [`is_held`](LockManagerExt::is_held), and the shared-mode variants. |
+//! | [`PostgresLockManager`] | Session advisory locks on a few long-lived connections of your [`sqlx::PgPool`], each carrying any number of locks, within a budget. |
 //! | [`InMemoryLockManager`] | The same contract inside one process, for your unit tests. |
-//! | [`LockManagerExt`] | Conveniences for every manager: [`with_lock`](LockManagerExt::with_lock), [`with_lock_shared`](LockManagerExt::with_lock_shared), [`try_with_lock`](LockManagerExt::try_with_lock), and guards for any key from [`lock`](LockManagerExt::lock) and [`try_lock`](LockManagerExt::try_lock). |
-//! | [`LockGuard`] | Proof that a lock is held; release it with [`LockGuard::release`], or drop it; [`LockGuard::lost`] says when it is gone. |
+//! | [`LockGuard`] | Proof that a lock is held, handed back by every acquisition: [`run`](LockGuard::run) a critical section under it, [`release`](LockGuard::release) it, drop it, or [`leak`](LockGuard::leak) it into the manager; its [`loss_signal`](LockGuard::loss_signal) says when the lock goes. |
+//! | [`LockKey`], [`lock_id`] | Keys: names (the frozen derivation, bit for bit the Python original's), raw ids, id pairs, sqlx's names. |
 //! | [`LockInfo`], [`LockMode`] | What was acquired: key, lock id, time, holder id, fencing token, mode. |
-//! | [`LossSignal`], [`LossCause`] | How a holder learns that its lock was lost, and why. |
-//! | [`FencingTable`] | Where [`PostgresLockManager`] keeps fencing tokens. |
-//! | [`RowFence`] | The resource side of fencing for rows of your own tables: raise the fence before the read, write only while it holds. |
-//! | [`LeaderElection`] | Leader election on any [`LockManager`]: a campaign, leadership as a `watch`, leader work cancelled when the lock is lost, graceful `resign`. |
-//! | [`lock_id`], [`migration_lock_key`] | The frozen key-to-lock-id derivation, shared bit for bit with the Python original. |
-//! | [`Error`], [`Result`] | The one error type of the crate. |
-//! | [`telemetry`] | Span, field and metric names. |
+//! | [`LossSignal`], [`LossCause`] | How a holder learns that its lock went, and why. |
+//! | [`Error`], [`Result`] | Lock failures, and only those; each recipe below has an error of its own that wraps it. |
+//! | [`TransactionLock`] | An advisory lock inside your own sqlx transaction, released when it ends; the one that works through PgBouncer in transaction pooling mode. |
+//! | [`FencingTable`], [`fence`] | Fencing tokens minted with each acquisition, and the resource side for rows of your own tables ([`RowFence`]). |
+//! | [`leader`] | [`LeaderElection`]: a campaign, leadership as a `watch`, leader work cancelled when the lock goes. |
+//! | [`schedule`] | [`ScheduledJob`]: a job run at most once per time window across every process, with its record in PostgreSQL. |
 //! | [`inspect`] | Who holds and who waits for each advisory lock, read from `pg_locks` and `pg_stat_activity`. |
-//! | [`schedule`], [`ScheduledJob`] | Run a job at most once per time window across every process (ShedLock's `lockAtLeastFor` / `lockAtMostFor`), with its record in PostgreSQL. |
+//! | [`telemetry`] | Span, field and metric names. |
 //! | `testing` (feature) | The conformance suite for any [`LockManager`] and a throwaway PostgreSQL server for tests. |
 //!
 //! # Example
 //!
 //! Build one manager per process and share it; `with_lock` waits for the lock, runs the body
-//! while it is held, and releases it on every path, cancelling the body if the lock is lost.
+//! while it is held, and releases it on every path, cancelling the body if the lock goes.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -53,8 +52,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Where the critical section does not fit a closure, [`LockManagerExt::lock`] and
-//! [`LockManagerExt::try_lock`] hand out a [`LockGuard`].
+//! Where the critical section does not fit a closure, [`acquire`](LockManagerExt::acquire)
+//! and [`try_acquire`](LockManagerExt::try_acquire) hand out a [`LockGuard`].
 //!
 //! # Feature flags
 //!
@@ -68,15 +67,20 @@
 //!
 //! * **Mutual exclusion** between every holder on one PostgreSQL database, for keys that derive
 //!   the same [`lock_id`], including Python services using the same scheme.
+//! * **Callers take turns**: callers of one manager that want the same key queue in arrival
+//!   order, sibling futures of one task included; only an acquisition nested inside the
+//!   critical section of its own key fails, at once ([`Error::Reentrant`]).
+//! * **The caller's deadline is the only bound**: one timeout covers this manager's queue,
+//!   getting a connection and the wait on the server, and its end is [`Error::Timeout`]
+//!   whatever the stage. The wait happens on the server, in its FIFO queue, without polling.
 //! * **Cancel safety**: dropping any lock-touching future at any await point leaves no advisory
 //!   lock behind and never returns a connection that may hold one to the pool.
-//! * **A guard releases only its own acquisition**: a guard whose lock was already released
-//!   through [`LockManager::release`] or [`LockManager::release_all`] does nothing on release or
-//!   drop.
-//! * **Deadlines are deadlines**: one timeout covers pool checkout and the wait on the server,
-//!   and the wait happens on the server, in its FIFO queue, without client-side polling.
-//! * **Lost locks are reported**: a lock whose session ended is declared lost within about one
-//!   probe interval, and its guard's [`lost`](LockGuard::lost) signal fires.
+//! * **A holder is told whenever its lock goes**: declared lost (its session ended, within
+//!   about one probe interval), or released through the manager; the guard's
+//!   [`loss_signal`](LockGuard::loss_signal) fires with the cause, and a guard releases only
+//!   its own acquisition.
+//! * **The database keeps its lock table**: a manager holds at most its budget of locks, by
+//!   default the share of the server's lock table its pool's connections are entitled to.
 //! * **Fencing**: with a [`FencingTable`], every acquisition carries a token larger than any
 //!   before it for its key, so resources can refuse writes from a superseded holder; for a
 //!   read-modify-write the resource must be fenced before the read ([`RowFence`]).

@@ -95,7 +95,9 @@ impl fmt::Display for LossCause {
 
 /// A one-shot signal that fires when a lock is declared lost.
 ///
-/// Every [`LockGuard`](crate::LockGuard) carries one; see [`LockGuard::lost`](crate::LockGuard::lost).
+/// Every [`LockGuard`](crate::LockGuard) carries one; see
+/// [`LockGuard::loss_signal`](crate::LockGuard::loss_signal). It fires when the lock is declared
+/// lost, and when it is released through the manager rather than through the guard.
 /// Clones observe the same signal. Implementors of
 /// [`LockManager`](crate::LockManager) fire it with [`declare`](LossSignal::declare); a signal
 /// from a manager that cannot detect loss simply never fires.

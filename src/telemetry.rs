@@ -80,7 +80,7 @@ pub mod via {
     pub const GUARD: &str = "guard";
     /// A dropped guard, released in the background.
     pub const DROP: &str = "drop";
-    /// [`LockManager::release`](crate::LockManager::release).
+    /// [`LockManagerExt::release`](crate::LockManagerExt::release).
     pub const KEY: &str = "key";
     /// [`LockManager::release_all`](crate::LockManager::release_all).
     pub const RELEASE_ALL: &str = "release_all";
@@ -154,9 +154,9 @@ pub mod metrics {
 /// confirmed, sets `otel.status_code = ERROR`. The lock manager's release span
 /// nests inside the term span. A failed campaign attempt (database unreachable) is a `WARN`
 /// event with [`KEY`] and [`HOLDER_ID`], outside any term. Attempts that find the lock held emit
-/// nothing here; the manager's own [`ACQUIRE_SPAN`] (outcome `timeout`) records each of them
+/// nothing here; the manager's own [`TRY_ACQUIRE_SPAN`] (outcome `busy`) records each of them
 /// unless its tracing is off. Switch the election's own spans off with
-/// [`LeaderElectionBuilder::tracing`](crate::LeaderElectionBuilder::tracing).
+/// [`LeaderElectionBuilder::tracing`](crate::leader::LeaderElectionBuilder::tracing).
 pub mod leader {
     /// Span around one leadership term (`INFO`; `ERROR` status when the term ends in a loss).
     pub const TERM_SPAN: &str = "pglock.leader.term";

@@ -17,7 +17,7 @@ use crate::plugins::{CopyRequest, EventCopier, StoreRegistry, SyncLag};
 use crate::store::{MigrationStore, RoutingChange, Transition};
 use crate::telemetry::{self, Recorder, outcome};
 use crate::{Error, Result};
-use pglock::LockManager;
+use pglock::{LockManager, LockManagerExt};
 
 /// The store id a tenant without routing is assumed to live on: `"default"`, as in the
 /// Python original.
@@ -408,7 +408,7 @@ impl MigrationCoordinator {
             Some(locks) => Some(
                 locks
                     .acquire(
-                        &WriteGate::key(migration.tenant_id),
+                        WriteGate::key(migration.tenant_id),
                         Some(migration.config.cutover_timeout),
                     )
                     .await?,

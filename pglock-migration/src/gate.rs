@@ -6,7 +6,7 @@ use sqlx::PgTransaction;
 use uuid::Uuid;
 
 use crate::{Error, Result};
-use pglock::{LockGuard, LockManager, lock_id, migration_lock_key};
+use pglock::{LockGuard, LockManager, LockManagerExt, lock_id, migration_lock_key};
 
 /// The operation name of a tenant's write gate key: `"write-gate"`.
 pub const WRITE_GATE_OPERATION: &str = "write-gate";
@@ -128,17 +128,17 @@ impl WriteGate {
     ///
     /// # Errors
     ///
-    /// The errors of [`LockManager::acquire_shared`]: a timeout while a cutover holds the gate
+    /// The errors of [`LockManagerExt::acquire_shared`]: a timeout while a cutover holds the gate
     /// past `timeout`, and connection errors.
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe, as [`LockManager::acquire_shared`].
+    /// Cancel safe, as [`LockManagerExt::acquire_shared`].
     pub async fn enter_with(
         locks: &dyn LockManager,
         tenant_id: Uuid,
         timeout: Option<Duration>,
     ) -> pglock::Result<LockGuard> {
-        locks.acquire_shared(&Self::key(tenant_id), timeout).await
+        locks.acquire_shared(Self::key(tenant_id), timeout).await
     }
 }

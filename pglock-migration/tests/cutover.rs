@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Backend, Harness, SOURCE, TARGET, TestLag, TestStores, coordinator, within};
-use pglock::LockManager;
+use pglock::{LockGuard, LockManager, LockManagerExt};
 use pglock_migration::{
     AuditEvent, CutoverError, CutoverFailure, CutoverManager, CutoverResult, MigrationConfig,
     MigrationPhase, NotReady, Readiness, RoutingChange, RoutingState, WriteGate,
@@ -29,7 +29,12 @@ fn with_setup(rest: &[AuditEvent]) -> Vec<AuditEvent> {
 async fn assert_locks_free(locks: &dyn LockManager, tenant: Uuid) {
     for key in [CutoverManager::lock_key(tenant), WriteGate::key(tenant)] {
         assert!(
-            locks.try_acquire(&key).await.expect("try").is_some(),
+            locks
+                .try_acquire(&key)
+                .await
+                .expect("try")
+                .map(LockGuard::leak)
+                .is_some(),
             "{key} is still held"
         );
         locks.release(&key).await.expect("release the probe");
@@ -237,7 +242,7 @@ async fn c2_lock_held_elsewhere(backend: Backend) {
     assert_eq!(lag.calls(), 1, "only the readiness check measured the lag");
     assert_unchanged(&h, tenant, m.id).await;
 
-    assert!(held.release().await.unwrap());
+    held.release().await.unwrap();
     let readiness = cutover
         .validate_cutover_readiness(m.id, &*lag)
         .await
@@ -491,7 +496,7 @@ async fn c9_coordinator_with_the_lock_held_elsewhere(backend: Backend) {
         false,
     );
     assert_unchanged(&h, tenant, m.id).await;
-    assert!(held.release().await.unwrap());
+    held.release().await.unwrap();
     coordinator
         .trigger_cutover(m.id)
         .await
@@ -505,7 +510,10 @@ async fn c11_concurrent_cutovers_exactly_one_succeeds(backend: Backend) {
     let h = Harness::new(backend).await;
     let (a, b) = (h.process("c11-a").await, h.process("c11-b").await);
     let tenant = Uuid::new_v4();
-    let m = h.dual_writing(tenant, MigrationConfig::default()).await;
+    // A stays parked in its locked section while B starts and waits: a budget that outlasts
+    // the test's own waits, however loaded the machine.
+    let config = MigrationConfig::default().cutover_timeout(Duration::from_secs(30));
+    let m = h.dual_writing(tenant, config).await;
     let (lag_a, lag_b) = (TestLag::fixed(Some(0)), TestLag::fixed(Some(0)));
     let manager = |p: &common::Process| {
         Arc::new(
@@ -576,7 +584,10 @@ async fn c11_loser_times_out_on_the_lock(backend: Backend) {
     let h = Harness::new(backend).await;
     let (a, b) = (h.process("c11t-a").await, h.process("c11t-b").await);
     let tenant = Uuid::new_v4();
-    let m = h.dual_writing(tenant, MigrationConfig::default()).await;
+    // A stays parked in its locked section while B starts and waits: a budget that outlasts
+    // the test's own waits, however loaded the machine.
+    let config = MigrationConfig::default().cutover_timeout(Duration::from_secs(30));
+    let m = h.dual_writing(tenant, config).await;
     let lag = TestLag::fixed(Some(0));
     let cutover_a = Arc::new(CutoverManager::new(
         a.locks.clone(),
@@ -633,10 +644,10 @@ async fn duration_includes_the_lock_wait(backend: Backend) {
     let releaser = tokio::spawn(async move {
         // The other process works for 300 ms, then lets go: a duration, not a synchronisation.
         tokio::time::sleep(hold_for).await;
-        held.release().await.unwrap()
+        held.release().await
     });
     let result = cutover.execute_cutover(m.id, &*lag).await;
-    assert!(within("the release", releaser).await.unwrap());
+    within("the release", releaser).await.unwrap().unwrap();
     let done = result.expect("the lock came free in time");
     assert!(done.duration_ms() >= 300.0, "{done:?}");
     assert!(!done.within_timeout());
@@ -656,3 +667,46 @@ common::on_both_backends!(
     c11_loser_times_out_on_the_lock,
     duration_includes_the_lock_wait,
 );
+
+/// Readiness says the cutover lock is held when this process holds it too: through a guard it
+/// keeps, and from inside its own critical section on the lock, where pglock refuses the
+/// nested `try_acquire` instead of answering `None`.
+#[tokio::test]
+async fn readiness_sees_the_lock_held_by_this_process() {
+    let h = Harness::memory();
+    let p = h.process("self").await;
+    let tenant = Uuid::new_v4();
+    let m = h.dual_writing(tenant, MigrationConfig::default()).await;
+    let lag = TestLag::fixed(Some(0));
+    let cutover = CutoverManager::new(p.locks.clone(), p.store.clone(), TestStores::new());
+
+    let held = p
+        .locks
+        .acquire(CutoverManager::lock_key(tenant), None)
+        .await
+        .unwrap();
+    let readiness = cutover
+        .validate_cutover_readiness(m.id, &*lag)
+        .await
+        .unwrap();
+    assert_eq!(readiness, Readiness::NotReady(NotReady::LockHeld));
+    held.release().await.unwrap();
+
+    let inside = p
+        .locks
+        .with_lock(CutoverManager::lock_key(tenant), None, |_| {
+            cutover.validate_cutover_readiness(m.id, &*lag)
+        })
+        .await
+        .expect("the lock is free")
+        .expect("the checks run");
+    assert_eq!(inside, Readiness::NotReady(NotReady::LockHeld));
+    assert_eq!(
+        cutover
+            .validate_cutover_readiness(m.id, &*lag)
+            .await
+            .unwrap(),
+        Readiness::Ready
+    );
+    assert_locks_free(&*p.locks, tenant).await;
+}

@@ -7,6 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Backend, Harness, SOURCE, TARGET, TestLag, TestStores, within};
+use pglock::LockManagerExt;
 use pglock_migration::{
     AuditEvent, CutoverManager, MigrationConfig, MigrationPhase, NotReady, Readiness,
     RoutingChange, RoutingState, Transition, WriteGate,
@@ -77,8 +78,8 @@ async fn dropped_mid_cutover_is_rolled_back_before_the_lock_is_released(backend:
         .acquire(&WriteGate::key(tenant), EVENTUALLY)
         .await
         .expect("the gate is open again");
-    assert!(gate.release().await.unwrap());
-    assert!(lock.release().await.unwrap());
+    gate.release().await.unwrap();
+    lock.release().await.unwrap();
 
     // And the tenant can be cut over.
     let result = cutover.execute_cutover(m.id, &*lag).await;
@@ -107,7 +108,7 @@ async fn dropped_before_entering_cutover_changes_nothing(backend: Backend) {
     )
     .await;
     assert!(outcome.is_err(), "the lock is held, so the cutover waits");
-    assert!(held.release().await.unwrap());
+    held.release().await.unwrap();
 
     assert_eq!(
         h.audit(m.id).await,
@@ -122,7 +123,7 @@ async fn dropped_before_entering_cutover_changes_nothing(backend: Backend) {
         .acquire(&CutoverManager::lock_key(tenant), EVENTUALLY)
         .await
         .expect("the dropped wait left nothing held");
-    assert!(lock.release().await.unwrap());
+    lock.release().await.unwrap();
     assert_eq!(lag.calls(), 0);
 }
 
@@ -268,7 +269,7 @@ async fn postgres_dropped_while_draining_writes_changes_nothing() {
     );
     for key in [CutoverManager::lock_key(tenant), WriteGate::key(tenant)] {
         let guard = next.locks.acquire(&key, EVENTUALLY).await.expect("free");
-        assert!(guard.release().await.unwrap());
+        guard.release().await.unwrap();
     }
     assert_eq!(lag.calls(), 0);
 }
@@ -315,6 +316,53 @@ async fn a_cutover_whose_lock_is_lost_stops_and_rolls_back() {
         (routing.state, routing.store_id.as_str()),
         (RoutingState::DualWrite, SOURCE)
     );
+    assert_eq!(
+        locks.held_lock_count(),
+        0,
+        "the write gate was released too"
+    );
+}
+
+/// The cutover lock is released through the manager (`release(key)`) while the cutover is
+/// inside its locked section: the holder is told, as for a lost lock, and the cutover stops
+/// there and rolls back.
+#[tokio::test]
+async fn a_cutover_whose_lock_is_released_through_the_manager_stops_and_rolls_back() {
+    use pglock::LockManager;
+    use pglock_migration::CutoverFailure;
+    use std::sync::Arc;
+
+    let h = Harness::memory();
+    let tenant = Uuid::new_v4();
+    let config = MigrationConfig::default().cutover_timeout(Duration::from_secs(30));
+    let m = h.dual_writing(tenant, config).await;
+    let lag = TestLag::fixed(Some(0));
+    let parked = lag.hold_next();
+    let locks = Arc::new(pglock::InMemoryLockManager::new());
+    let cutover = CutoverManager::new(locks.clone(), h.store.clone(), TestStores::new());
+
+    let running = cutover.execute_cutover(m.id, &*lag);
+    tokio::pin!(running);
+    tokio::select! {
+        biased;
+        result = &mut running => panic!("the lag check is parked, yet: {result:?}"),
+        () = parked.reached() => {}
+    }
+    locks
+        .release(CutoverManager::lock_key(tenant))
+        .await
+        .expect("the manager holds the cutover lock");
+    let failed = within("the cutover", running)
+        .await
+        .expect_err("the lock was released under it");
+    assert_eq!(failed.failure, CutoverFailure::LockLost);
+    assert!(failed.rolled_back, "{failed:?}");
+    assert_eq!(
+        failed.message,
+        "The cutover lock was lost: it was released through the manager by key"
+    );
+    let stored = h.store.get_migration(m.id).await.unwrap().unwrap();
+    assert_eq!(stored.phase, MigrationPhase::DualWrite);
     assert_eq!(
         locks.held_lock_count(),
         0,

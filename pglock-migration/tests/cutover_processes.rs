@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use common::child::ChildOutput;
 use common::{Harness, SOURCE, TARGET, TestLag, TestStores};
 use common::{eventually, lock_rows, observer, pool_named};
-use pglock::PostgresLockManager;
+use pglock::{LockManagerExt, PostgresLockManager};
 use pglock_migration::{
     AuditEvent, BoxError, CutoverFailure, CutoverManager, MigrationConfig, MigrationPhase,
     PostgresMigrationStore, RoutingState, SyncLag, WriteGate,
@@ -97,7 +97,10 @@ async fn two_processes_cut_over_at_once_and_exactly_one_succeeds() {
     let h = Harness::postgres().await;
     let schema = h.schema().unwrap().to_owned();
     let tenant = Uuid::new_v4();
-    let m = h.dual_writing(tenant, MigrationConfig::default()).await;
+    // The child stays parked in its locked section while this process sets up: a budget that
+    // outlasts the test's own waits, however loaded the machine.
+    let config = MigrationConfig::default().cutover_timeout(Duration::from_secs(30));
+    let m = h.dual_writing(tenant, config).await;
     let (mut child, child_out) = spawn_child(
         "two_processes_cut_over_at_once_and_exactly_one_succeeds",
         &schema,
@@ -164,7 +167,10 @@ async fn a_process_killed_mid_cutover_is_repaired_by_the_next_cutover() {
     let h = Harness::postgres().await;
     let schema = h.schema().unwrap().to_owned();
     let tenant = Uuid::new_v4();
-    let m = h.dual_writing(tenant, MigrationConfig::default()).await;
+    // The child stays parked in its locked section while this process sets up: a budget that
+    // outlasts the test's own waits, however loaded the machine.
+    let config = MigrationConfig::default().cutover_timeout(Duration::from_secs(30));
+    let m = h.dual_writing(tenant, config).await;
     let (mut child, _out) = spawn_child(
         "a_process_killed_mid_cutover_is_repaired_by_the_next_cutover",
         &schema,
@@ -181,7 +187,7 @@ async fn a_process_killed_mid_cutover_is_repaired_by_the_next_cutover() {
             .acquire(&key, Some(Duration::from_secs(15)))
             .await
             .expect("the killed process's locks are freed by the server");
-        assert!(guard.release().await.unwrap());
+        guard.release().await.unwrap();
     }
     let stuck = h.store.get_migration(m.id).await.unwrap().unwrap();
     assert_eq!(stuck.phase, MigrationPhase::Cutover);

@@ -10,6 +10,7 @@ use common::{Harness, TestLag, TestStores, coordinator};
 use opentelemetry::Value;
 use opentelemetry::trace::Status;
 use opentelemetry_sdk::trace::SpanData;
+use pglock::LockManagerExt;
 use pglock_migration::telemetry::{self, outcome};
 use pglock_migration::{CutoverManager, MigrationConfig, NotReady, Readiness};
 use uuid::Uuid;
@@ -207,7 +208,7 @@ async fn readiness_records_its_answer() {
         text(&not_ready, telemetry::REASON).as_deref(),
         Some("Cutover lock is already held by another process")
     );
-    assert!(held.release().await.unwrap());
+    held.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -237,7 +238,7 @@ async fn a_dropped_cutover_is_recorded_as_cancelled_and_its_rollback_traced() {
         )
         .await
         .unwrap();
-    assert!(guard.release().await.unwrap());
+    guard.release().await.unwrap();
 
     let execute = capture.only(telemetry::EXECUTE_SPAN);
     assert_eq!(

@@ -173,14 +173,16 @@ impl PostgresLockManager {
         self.core.backend.sessions.open_count()
     }
 
-    /// Creates the fencing table now, if fencing is on and it does not exist yet, instead of on
-    /// the first acquisition. Does nothing when fencing is off.
+    /// Checks the fencing table now (creating it where it is missing and the role may), if
+    /// fencing is on, instead of at the first fenced acquisition; see [`FencingTable`] for what
+    /// is checked and the grants a role that owns nothing needs. Does nothing when fencing is
+    /// off.
     ///
     /// # Errors
     ///
-    /// [`Error::Connection`](crate::Error::Connection) or
-    /// [`Error::AcquisitionFailed`](crate::Error::AcquisitionFailed) (with the server's reason,
-    /// such as a missing privilege) when the table cannot be created.
+    /// [`Error::PermissionDenied`](crate::Error::PermissionDenied) naming the object and the
+    /// privilege the role lacks; [`Error::Connection`](crate::Error::Connection) when the
+    /// server cannot be reached.
     ///
     /// # Cancel safety
     ///

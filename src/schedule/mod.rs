@@ -578,9 +578,7 @@ impl Recorder {
             Ok(RunOutcome::Ran { .. }) => (names::outcome::RAN, false),
             Ok(RunOutcome::Skipped { reason, .. }) => (reason.as_str(), false),
             Err(Error::Overran { .. }) => (names::outcome::OVERRAN, true),
-            Err(err) if matches!(err, Error::Lock(lock) if lock.is_lost()) => {
-                (names::outcome::LOST, true)
-            }
+            Err(Error::Lock(lock)) if lock.is_lost() => (names::outcome::LOST, true),
             Err(err) => {
                 tracing::warn!(parent: &span, error = %err, "scheduled job failed");
                 (names::outcome::ERROR, true)

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pglock::{LockGuard, LockManager, LossSignal};
+use pglock::{LockGuard, LockManager, LockManagerExt, LossSignal};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -40,8 +40,11 @@ impl Attempt {
     /// gate guards, which release as they drop; from just before it, a [`RollbackGuard`] owns
     /// them and rolls back unless disarmed.
     pub(crate) async fn run(self, lock: LockGuard, lag: &dyn SyncLag, started: Instant) -> Ended {
-        // The locked section races the lock's loss signal: a cutover whose lock is declared lost
-        // stops at its next await point and rolls back (its routing writes are fenced, too).
+        // The locked section races the lock's loss signal: a cutover whose lock is declared lost,
+        // or released through the manager, stops at its next await point and rolls back (its
+        // routing writes are fenced, too). Not `LockGuard::run`: the lock moves into the
+        // rollback guard halfway, and `run` would also make the plug-ins' calls a critical
+        // section of the cutover key (a nested `try_acquire` of it: `Reentrant`, not `None`).
         let loss = lock.loss_signal().clone();
         let (migration, gate) = match until_lost(&loss, self.prepare()).await.and_then(|r| r) {
             Ok(prepared) => prepared,
@@ -192,7 +195,7 @@ impl Attempt {
         const DRAINING: &str = "while waiting for in-flight writes to drain";
         let remaining = self.budget.remaining(DRAINING)?;
         let key = WriteGate::key(self.plan.tenant_id);
-        match self.locks.acquire(&key, Some(remaining)).await {
+        match self.locks.acquire(key, Some(remaining)).await {
             Ok(gate) => Ok(gate),
             Err(err) if err.is_timeout() => Err(self.budget.exceeded(DRAINING)),
             Err(err) => Err(Failure::new(
@@ -357,7 +360,8 @@ impl Attempt {
     }
 }
 
-/// Runs `work` until it ends or the lock is declared lost, whichever comes first.
+/// Runs `work` until it ends or the lock goes (declared lost, or released through the
+/// manager), whichever comes first.
 async fn until_lost<F: Future>(loss: &LossSignal, work: F) -> Result<F::Output, Failure> {
     tokio::select! {
         biased;

@@ -14,7 +14,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pglock::{CUTOVER_OPERATION, LockManager, migration_lock_key};
+use pglock::{CUTOVER_OPERATION, LockManager, LockManagerExt, migration_lock_key};
 use tokio::time::Instant;
 use tracing::{Instrument, Span, field::Empty};
 use uuid::Uuid;
@@ -89,7 +89,9 @@ impl CutoverOptions {
 ///   the tenant finds it there under the lock, which proves the attempt that wrote it is gone,
 ///   rolls it back (`cutover_rolled_back`, naming the interrupted attempt) and carries on.
 ///   Writers treat a leftover `cutover_paused` as `dual_write`, so no write is lost meanwhile.
-/// * **A lost lock**: with fencing, every routing write of the cutover carries its lock's
+/// * **A lost lock**: a cutover whose lock goes while it runs (declared lost by the lock
+///   manager, or released through it with `release` or `release_all`) stops at its next await
+///   point and rolls back. With fencing, every routing write of the cutover carries its lock's
 ///   fencing token and the routing row refuses tokens older than the newest it has seen, so
 ///   a cutover whose lock was taken over cannot switch routing behind the new holder's back;
 ///   and every write after step 3 is compare-and-set on the attempt id.
@@ -283,14 +285,14 @@ impl CutoverManager {
 
         let lock = self
             .locks
-            .acquire(&Self::lock_key(tenant_id), Some(self.lock_timeout))
+            .acquire(Self::lock_key(tenant_id), Some(self.lock_timeout))
             .await
             .map_err(|err| {
                 tracing::warn!("Failed to acquire cutover lock for tenant {tenant_id}: {err}");
                 let message = format!("Failed to acquire cutover lock: {err}");
                 Ended::early(Failure::new(CutoverFailure::LockUnavailable, message))
             })?;
-        let attempt = self.attempt(&migration, lock.fencing_token, budget);
+        let attempt = self.attempt(&migration, lock.info().fencing_token, budget);
         span.record(
             telemetry::ATTEMPT_ID,
             tracing::field::display(attempt.plan.attempt_id),
@@ -331,7 +333,9 @@ impl CutoverManager {
     /// 7. [`NotReady::LockHeld`]: `Cutover lock is already held by another process`: a
     ///    `try_acquire` of the cutover lock failed. When it succeeds the lock is released at
     ///    once; [`Readiness::Ready`] then means "was free a moment ago", not "is reserved for
-    ///    you". It also says so when this process holds the lock.
+    ///    you". It also says so when this process holds the lock, including when it is asked
+    ///    from inside this process's own critical section on the cutover lock (where
+    ///    `try_acquire` refuses the nested acquisition).
     ///
     /// # Errors
     ///
@@ -341,8 +345,9 @@ impl CutoverManager {
     /// # Cancel safety
     ///
     /// Cancel safe: the probe's lock is released even if the future is dropped (as
-    /// [`LockManager::try_acquire`] and [`LockManager::release`] are cancel safe), and nothing
-    /// else is written.
+    /// [`LockManagerExt::try_acquire`] and [`LockGuard::release`](pglock::LockGuard::release)
+    /// are cancel safe, and the probe's guard releases the lock as it drops), and nothing else
+    /// is written.
     pub async fn validate_cutover_readiness(
         &self,
         migration_id: Uuid,

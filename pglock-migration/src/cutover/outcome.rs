@@ -121,8 +121,9 @@ pub enum CutoverFailure {
     StateChanged,
     /// The routing row was written under a newer fencing token: this cutover's lock was lost.
     FenceRejected,
-    /// The lock manager declared the cutover lock lost while the cutover ran; it was stopped
-    /// and rolled back.
+    /// The lock manager declared the cutover lock lost while the cutover ran, or it was
+    /// released through the manager (`release`, `release_all`); the cutover was stopped and
+    /// rolled back.
     LockLost,
     /// The migration store failed.
     Storage,

@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use pglock::LockManagerExt;
 use tracing::Span;
 use uuid::Uuid;
 
@@ -146,11 +147,16 @@ impl super::CutoverManager {
         if !self.stores.is_registered(&migration.target_store_id) {
             return not_ready(NotReady::UnknownTargetStore(migration.target_store_id));
         }
-        let key = Self::lock_key(tenant_id);
-        if self.locks.try_acquire(&key).await?.is_none() {
-            return not_ready(NotReady::LockHeld);
+        // The probe's guard releases the lock as it drops, should this future be dropped
+        // before the release below.
+        match self.locks.try_acquire(Self::lock_key(tenant_id)).await {
+            Ok(Some(probe)) => probe.release().await?,
+            Ok(None) => return not_ready(NotReady::LockHeld),
+            // Asked from inside this process's own critical section on the cutover lock: held,
+            // by this process, as for any other holder.
+            Err(pglock::Error::Reentrant { .. }) => return not_ready(NotReady::LockHeld),
+            Err(err) => return Err(err.into()),
         }
-        self.locks.release(&key).await?;
         Ok(Readiness::Ready)
     }
 }

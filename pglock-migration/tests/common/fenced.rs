@@ -2,10 +2,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::Duration;
 
 use async_trait::async_trait;
-use pglock::{GuardBackend, LockGuard, LockInfo, LockKey, LockManager, LockMode};
+use pglock::{AcquireOptions, GuardBackend, LockGuard, LockInfo, LockKey, LockManager, LossSignal};
 
 /// A lock manager that stamps a fencing token on every acquisition, strictly increasing
 /// across every manager sharing `counter`: the lock core's coming fencing, played by a
@@ -36,44 +35,39 @@ struct Wrapped(LockGuard);
 
 #[async_trait]
 impl GuardBackend for Wrapped {
-    async fn release(self: Box<Self>) -> pglock::Result<bool> {
+    async fn release(self: Box<Self>) -> pglock::Result<()> {
         self.0.release().await
     }
 
     fn leak(self: Box<Self>) {
         self.0.leak();
     }
+
+    fn loss_signal(&self) -> LossSignal {
+        self.0.loss_signal().clone()
+    }
 }
 
 #[async_trait]
 impl LockManager for Fenced {
-    async fn acquire_key(
+    async fn lock(
         &self,
         key: &LockKey,
-        mode: LockMode,
-        timeout: Option<Duration>,
-    ) -> pglock::Result<LockGuard> {
-        Ok(self.wrap(self.inner.acquire_key(key, mode, timeout).await?))
-    }
-
-    async fn try_acquire_key(
-        &self,
-        key: &LockKey,
-        mode: LockMode,
+        options: AcquireOptions,
     ) -> pglock::Result<Option<LockGuard>> {
         Ok(self
             .inner
-            .try_acquire_key(key, mode)
+            .lock(key, options)
             .await?
             .map(|guard| self.wrap(guard)))
     }
 
-    async fn release_key(&self, key: &LockKey) -> pglock::Result<()> {
-        self.inner.release_key(key).await
+    async fn unlock(&self, key: &LockKey) -> pglock::Result<()> {
+        self.inner.unlock(key).await
     }
 
-    async fn is_key_held(&self, key: &LockKey) -> bool {
-        self.inner.is_key_held(key).await
+    async fn holds(&self, key: &LockKey) -> bool {
+        self.inner.holds(key).await
     }
 
     async fn release_all(&self) -> pglock::Result<usize> {
@@ -84,7 +78,7 @@ impl LockManager for Fenced {
         self.inner.held_lock_count()
     }
 
-    fn holder_id(&self) -> Option<&str> {
+    fn holder_id(&self) -> &str {
         self.inner.holder_id()
     }
 }
