@@ -10,91 +10,11 @@ mod common;
 
 use std::time::Duration;
 
+use common::roles::Sandbox;
 use pglock::schedule::{self, RunOutcome, ScheduledJob};
 use pglock::{Error, FencingTable, LockManager, LockManagerExt, PostgresLockManager};
-use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 const BOUND: Duration = Duration::from_secs(10);
-
-/// A fresh database, an admin pool on it, and a role that owns nothing.
-struct Sandbox {
-    admin: PgPool,
-    role_options: PgConnectOptions,
-    database: String,
-    role: String,
-}
-
-impl Sandbox {
-    async fn new(label: &str) -> Sandbox {
-        let suffix = &uuid::Uuid::new_v4().simple().to_string()[..12];
-        let (database, role) = (format!("roles_{label}_{suffix}"), format!("app_{suffix}"));
-        let server = common::pool(1).await;
-        exec(&server, format!("CREATE DATABASE {database}"))
-            .await
-            .expect("create the database (the test user needs CREATEDB)");
-        exec(&server, format!("CREATE ROLE {role} LOGIN PASSWORD 'app'"))
-            .await
-            .expect("create the role (the test user needs CREATEROLE)");
-        server.close().await;
-        let options: PgConnectOptions = common::url().parse().expect("url");
-        let admin = PgPoolOptions::new()
-            .max_connections(2)
-            .connect_with(options.clone().database(&database))
-            .await
-            .expect("connect as admin");
-        // As PostgreSQL 15 has it by default; said out loud for older servers.
-        exec(
-            &admin,
-            "REVOKE CREATE ON SCHEMA public FROM PUBLIC".to_owned(),
-        )
-        .await
-        .expect("revoke");
-        let role_options = options.database(&database).username(&role).password("app");
-        Sandbox {
-            admin,
-            role_options,
-            database,
-            role,
-        }
-    }
-
-    /// Drops the database and the role (a server given in `DATABASE_URL` keeps neither).
-    async fn remove(self) {
-        self.admin.close().await;
-        let server = common::pool(1).await;
-        for sql in [
-            format!("DROP DATABASE {} WITH (FORCE)", self.database),
-            format!("DROP ROLE {}", self.role),
-        ] {
-            exec(&server, sql).await.expect("clean up");
-        }
-        server.close().await;
-    }
-
-    /// A pool connecting as the role.
-    async fn role_pool(&self) -> PgPool {
-        PgPoolOptions::new()
-            .max_connections(4)
-            .connect_with(self.role_options.clone())
-            .await
-            .expect("connect as the role")
-    }
-
-    async fn admin(&self, sql: &str) {
-        exec(&self.admin, sql.to_owned())
-            .await
-            .unwrap_or_else(|err| panic!("{sql}: {err}"));
-    }
-}
-
-/// Runs an SQL text made by this test.
-async fn exec(pool: &PgPool, sql: String) -> Result<(), sqlx::Error> {
-    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-        .execute(pool)
-        .await
-        .map(drop)
-}
 
 #[tokio::test]
 async fn plain_locks_need_no_privilege() {

@@ -217,6 +217,19 @@ pub enum Error {
         source: sqlx::Error,
     },
 
+    /// The role lacks a privilege the migration tables need, or may not create the missing
+    /// tables ([`PostgresMigrationStore::ensure_schema`](crate::PostgresMigrationStore::ensure_schema)).
+    /// Create them in your migrations with
+    /// [`PostgresMigrationStore::ddl`](crate::PostgresMigrationStore::ddl) and grant what is
+    /// named here (the store's documentation lists every grant).
+    #[error("Migration store: permission denied: the role needs {privilege} on {object}")]
+    PermissionDenied {
+        /// The object, such as `table "pglock_tenant_routing"` or `schema "public"`.
+        object: String,
+        /// The privilege, such as `SELECT, INSERT, UPDATE` or `CREATE`.
+        privilege: String,
+    },
+
     /// A configured SQL identifier (a schema name) is not usable.
     #[error("Invalid identifier {name:?}: {reason}")]
     InvalidIdentifier {

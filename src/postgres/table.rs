@@ -26,11 +26,14 @@ pub(crate) enum Unready {
 /// Does the table exist, which privileges has the role on it, may the role create it. One
 /// round trip; `$1` is the quoted name, `$2` the schema or NULL. `has_table_privilege` with
 /// several privileges is true if *any* is held, so each is asked for alone.
+/// A schema that does not exist counts as one the role may not create in (the table's schema
+/// is the user's to make).
 const ACCESS: &str = "SELECT t IS NOT NULL, \
      coalesce(has_table_privilege(t, 'SELECT'), false), \
      coalesce(has_table_privilege(t, 'INSERT'), false), \
      coalesce(has_table_privilege(t, 'UPDATE'), false), \
-     coalesce(has_schema_privilege(s, 'CREATE'), false), \
+     coalesce((SELECT has_schema_privilege(s, 'CREATE') FROM pg_namespace WHERE nspname = s), \
+       false), \
      coalesce(s, '') \
      FROM (SELECT to_regclass($1) AS t, coalesce($2, current_schema()) AS s) AS target";
 

@@ -8,6 +8,7 @@ pub mod jobs;
 pub mod otel;
 pub mod pgbouncer;
 pub mod proxy;
+pub mod roles;
 pub mod stages;
 mod views;
 mod wait;

@@ -16,7 +16,9 @@ use self::rows::{
     audit_from_row, fetch_routing, insert_audit, insert_migration, lock_migration, lock_routing,
     migration_from_row, server_now, storage, update_migration, upsert_routing,
 };
-use self::schema::{DDL, MIGRATION_COLUMNS, ONE_ACTIVE_INDEX, SCHEMA_LOCK_KEY, TERMINAL, Tables};
+use self::schema::{
+    ACCESS, DDL, MIGRATION_COLUMNS, ONE_ACTIVE_INDEX, SCHEMA_LOCK_KEY, TERMINAL, Tables,
+};
 use crate::model::{AuditEntry, Migration, NewMigration, TenantRouting};
 use crate::rules;
 use crate::store::{
@@ -26,7 +28,8 @@ use crate::{Error, Result};
 
 /// A [`MigrationStore`] on PostgreSQL, with sqlx.
 ///
-/// Three tables, created by [`ensure_schema`](Self::ensure_schema):
+/// Three tables, made by [`ensure_schema`](Self::ensure_schema) where they are missing and the
+/// role may create them, or by your own migrations with [`ddl`](Self::ddl):
 ///
 /// | table | holds |
 /// | --- | --- |
@@ -38,8 +41,23 @@ use crate::{Error, Result};
 /// applies the same rules as the in-memory store to them, and writes the result, so a
 /// compare-and-set from another process waits for it and then sees its outcome. A
 /// [transition](MigrationStore::apply_transition) (phase, routing, audit entry) commits or
-/// rolls back as a whole. Timestamps are the server's clock. The tables live in the connection's `search_path` (usually `public`) unless a
-/// schema is given with [`with_schema`](Self::with_schema).
+/// rolls back as a whole. Timestamps are the server's clock. The tables live in the
+/// connection's `search_path` (usually `public`) unless a schema is given with
+/// [`with_schema`](Self::with_schema).
+///
+/// # A role that owns nothing
+///
+/// An application role needs no `CREATE` privilege when the tables exist: create them in your
+/// migrations with [`ddl`](Self::ddl) and grant
+///
+/// ```sql
+/// GRANT SELECT, INSERT, UPDATE ON pglock_tenant_migrations, pglock_tenant_routing TO app;
+/// GRANT SELECT, INSERT ON pglock_migration_audit_log TO app;
+/// GRANT USAGE ON SEQUENCE pglock_migration_audit_log_id_seq TO app;
+/// ```
+///
+/// [`ensure_schema`](Self::ensure_schema) then checks them and creates nothing; a missing grant
+/// is [`Error::PermissionDenied`] naming the object and the privilege.
 ///
 /// ```no_run
 /// use pglock_migration::PostgresMigrationStore;
@@ -91,21 +109,38 @@ impl PostgresMigrationStore {
         self.tables.schema.as_deref()
     }
 
-    /// Creates the schema (when one was given), the tables and their indexes, if they do not
-    /// exist yet.
+    /// The statements that create the tables and their indexes (and the schema, when one was
+    /// given) if they do not exist, for your own migrations.
+    pub fn ddl(&self) -> String {
+        let mut ddl = String::new();
+        if let Some(schema) = &self.tables.quoted_schema {
+            ddl.push_str(&format!("CREATE SCHEMA IF NOT EXISTS {schema};"));
+        }
+        ddl.push_str(self.tables.sql(DDL).as_str());
+        ddl
+    }
+
+    /// Makes sure the role can use the tables: checks that they exist and that the role holds
+    /// every privilege the store needs (one round trip), and creates them, with their indexes
+    /// (and the schema, when one was given), when they are missing and the role may. A role
+    /// that owns nothing needs no `CREATE` once your migrations made and granted them (see the
+    /// type's documentation).
     ///
     /// Idempotent, and safe to run concurrently from several processes: setups are serialised
     /// by a transaction-scoped advisory lock.
     ///
     /// # Errors
     ///
-    /// [`Error::Storage`] when a statement fails (for example for lack of the
-    /// `CREATE` privilege).
+    /// [`Error::PermissionDenied`] naming the object and the privilege the role lacks;
+    /// [`Error::Storage`] when a statement fails.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: the setup is one transaction, committed or rolled back.
     pub async fn ensure_schema(&self) -> Result<()> {
+        if !self.check_access().await? {
+            return Ok(());
+        }
         let failed = storage("create the migration tables");
         let mut tx = self.pool.begin().await.map_err(failed)?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
@@ -113,16 +148,61 @@ impl PostgresMigrationStore {
             .execute(&mut *tx)
             .await
             .map_err(failed)?;
-        let mut ddl = String::new();
-        if let Some(schema) = &self.tables.quoted_schema {
-            ddl.push_str(&format!("CREATE SCHEMA IF NOT EXISTS {schema};"));
-        }
-        ddl.push_str(self.tables.sql(DDL).as_str());
-        sqlx::raw_sql(AssertSqlSafe(ddl))
+        sqlx::raw_sql(AssertSqlSafe(self.ddl()))
             .execute(&mut *tx)
             .await
             .map_err(failed)?;
         tx.commit().await.map_err(failed)
+    }
+
+    /// Whether the tables must be created: `Ok(false)` when they all exist and are usable,
+    /// `Ok(true)` when some are missing and the role may create them, and the missing
+    /// privilege otherwise.
+    async fn check_access(&self) -> Result<bool> {
+        let (mut kinds, mut names, mut privileges) = (Vec::new(), Vec::new(), Vec::new());
+        for (kind, name, needed) in self.tables.needs() {
+            for privilege in needed {
+                kinds.push(kind);
+                names.push(name.clone());
+                privileges.push(*privilege);
+            }
+        }
+        let rows: Vec<(String, String, String, bool, bool, bool, String)> = sqlx::query_as(ACCESS)
+            .bind(kinds)
+            .bind(names)
+            .bind(privileges)
+            .bind(self.tables.schema.as_deref())
+            .fetch_all(&self.pool)
+            .await
+            .map_err(storage("check the migration tables"))?;
+        let missing = rows.iter().find(|(_, _, _, exists, ..)| !exists);
+        if let Some((_, name, _, _, _, may_create, schema)) = missing {
+            if *may_create {
+                return Ok(true);
+            }
+            return Err(Error::PermissionDenied {
+                object: format!("schema \"{schema}\", to create the missing {name}"),
+                privilege: "CREATE".to_owned(),
+            });
+        }
+        let mut denied: Vec<(String, Vec<String>)> = Vec::new();
+        for (kind, name, privilege, _, granted, ..) in rows {
+            if granted {
+                continue;
+            }
+            let object = format!("{kind} {name}");
+            match denied.iter_mut().find(|(seen, _)| *seen == object) {
+                Some((_, privileges)) => privileges.push(privilege),
+                None => denied.push((object, vec![privilege])),
+            }
+        }
+        match denied.into_iter().next() {
+            None => Ok(false),
+            Some((object, privileges)) => Err(Error::PermissionDenied {
+                object,
+                privilege: privileges.join(", "),
+            }),
+        }
     }
 
     /// Reads the tenant's routing on `conn`, for example inside a writer's transaction right

@@ -30,6 +30,22 @@ impl Tables {
         })
     }
 
+    /// Each table (and the audit log's id sequence) with the privileges the store needs on it:
+    /// `(kind, quoted name, privileges)`.
+    pub(super) fn needs(&self) -> [(&'static str, String, &'static [&'static str]); 4] {
+        const ROWS: &[&str] = &["SELECT", "INSERT", "UPDATE"];
+        let sequence = match &self.quoted_schema {
+            Some(schema) => format!("{schema}.pglock_migration_audit_log_id_seq"),
+            None => "pglock_migration_audit_log_id_seq".to_owned(),
+        };
+        [
+            ("table", self.migrations.clone(), ROWS),
+            ("table", self.routing.clone(), ROWS),
+            ("table", self.audit.clone(), &["SELECT", "INSERT"]),
+            ("sequence", sequence, &["USAGE"]),
+        ]
+    }
+
     /// A statement template with its table placeholders filled in. The only text substituted
     /// is the validated, quoted identifiers above: values are always bound parameters.
     pub(super) fn sql(&self, template: &str) -> SqlStr {
@@ -125,6 +141,20 @@ CREATE TABLE IF NOT EXISTS {audit} (
 CREATE INDEX IF NOT EXISTS pglock_migration_audit_log_by_migration
     ON {audit} (migration_id, id);
 "#;
+
+/// For each object (`$1` kinds, `$2` quoted names, `$3` privileges, one row per privilege):
+/// does it exist, and does the role hold the privilege; then, whether the role may create
+/// what is missing: tables in the schema (`$4`, or the first of its `search_path`), or the
+/// schema itself in the database when it does not exist yet. One round trip.
+pub(super) const ACCESS: &str = "SELECT n.kind, n.name, n.privilege, to_regclass(n.name) IS NOT NULL, \
+     coalesce(CASE n.kind WHEN 'sequence' THEN has_sequence_privilege(to_regclass(n.name), n.privilege) \
+       ELSE has_table_privilege(to_regclass(n.name), n.privilege) END, false), \
+     CASE WHEN EXISTS (SELECT FROM pg_namespace WHERE nspname = s.name) \
+       THEN has_schema_privilege(s.name, 'CREATE') \
+       ELSE has_database_privilege(current_database(), 'CREATE') END, \
+     coalesce(s.name, '') \
+     FROM unnest($1::text[], $2::text[], $3::text[]) AS n(kind, name, privilege), \
+       (SELECT coalesce($4, current_schema()) AS name) AS s";
 
 /// The key of the advisory lock that serialises schema setup across processes: concurrent
 /// `CREATE ... IF NOT EXISTS` of one table can otherwise fail on the catalog's unique indexes.

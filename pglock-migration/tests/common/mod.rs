@@ -12,6 +12,8 @@ mod harness;
 #[path = "../../../tests/common/otel.rs"]
 pub mod otel;
 mod plugins;
+#[path = "../../../tests/common/roles.rs"]
+pub mod roles;
 
 pub use db::*;
 pub use fenced::Fenced;

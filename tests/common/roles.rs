@@ -1,0 +1,93 @@
+//! A database of a test's own and a role that owns nothing, as production connects: for
+//! tests of what pglock needs from the application's role.
+
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+/// A fresh database, an admin pool on it, and a role that owns nothing.
+pub struct Sandbox {
+    pub admin: PgPool,
+    role_options: PgConnectOptions,
+    database: String,
+    pub role: String,
+}
+
+impl Sandbox {
+    pub async fn new(label: &str) -> Sandbox {
+        let suffix = &uuid::Uuid::new_v4().simple().to_string()[..12];
+        let (database, role) = (format!("roles_{label}_{suffix}"), format!("app_{suffix}"));
+        let server = server_pool().await;
+        exec(&server, format!("CREATE DATABASE {database}"))
+            .await
+            .expect("create the database (the test user needs CREATEDB)");
+        exec(&server, format!("CREATE ROLE {role} LOGIN PASSWORD 'app'"))
+            .await
+            .expect("create the role (the test user needs CREATEROLE)");
+        server.close().await;
+        let options: PgConnectOptions = pglock::testing::database_url().parse().expect("url");
+        let admin = PgPoolOptions::new()
+            .max_connections(2)
+            .connect_with(options.clone().database(&database))
+            .await
+            .expect("connect as admin");
+        // As PostgreSQL 15 has it by default; said out loud for older servers.
+        exec(
+            &admin,
+            "REVOKE CREATE ON SCHEMA public FROM PUBLIC".to_owned(),
+        )
+        .await
+        .expect("revoke");
+        let role_options = options.database(&database).username(&role).password("app");
+        Sandbox {
+            admin,
+            role_options,
+            database,
+            role,
+        }
+    }
+
+    /// Drops the database and the role (a server given in `DATABASE_URL` keeps neither).
+    pub async fn remove(self) {
+        self.admin.close().await;
+        let server = server_pool().await;
+        for sql in [
+            format!("DROP DATABASE {} WITH (FORCE)", self.database),
+            format!("DROP ROLE {}", self.role),
+        ] {
+            exec(&server, sql).await.expect("clean up");
+        }
+        server.close().await;
+    }
+
+    /// A pool connecting as the role.
+    pub async fn role_pool(&self) -> PgPool {
+        PgPoolOptions::new()
+            .max_connections(4)
+            .connect_with(self.role_options.clone())
+            .await
+            .expect("connect as the role")
+    }
+
+    pub async fn admin(&self, sql: &str) {
+        exec(&self.admin, sql.to_owned())
+            .await
+            .unwrap_or_else(|err| panic!("{sql}: {err}"));
+    }
+}
+
+/// A pool of one connection on the test database, as the test's own (administrative) user.
+async fn server_pool() -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(1)
+        .connect(pglock::testing::database_url())
+        .await
+        .expect("connect to the test database")
+}
+
+/// Runs an SQL text made by the test.
+pub async fn exec(pool: &PgPool, sql: String) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(pool)
+        .await
+        .map(drop)
+}
