@@ -15,7 +15,10 @@ use std::time::Duration;
 
 use common::{app_name, assert_pool_clean, eventually, key, lock_rows, observer, pool_named};
 use pglock::testing::{Stage, pause_at};
-use pglock::{InMemoryLockManager, InMemoryLockServer, LockManager, PostgresLockManager, lock_id};
+use pglock::{
+    InMemoryLockManager, InMemoryLockServer, LockGuard, LockManager, LockManagerExt,
+    PostgresLockManager, lock_id,
+};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio::time::Instant;
@@ -74,17 +77,17 @@ impl Pg {
     /// pool's sessions, and the keys free for a new holder.
     async fn assert_nothing_left(&self, manager: &PostgresLockManager, keys: &[&str]) {
         assert_eq!(manager.held_lock_count(), 0);
-        for key in keys {
+        for &key in keys {
             assert!(!manager.is_held(key).await);
         }
         assert_pool_clean(&self.observer, &self.app).await;
         let next = PostgresLockManager::new(pool_named(2, &app_name("next")).await);
-        for key in keys {
+        for &key in keys {
             let guard = next
                 .acquire(key, Some(EVENTUALLY))
                 .await
                 .expect("the key is free for the next holder");
-            assert!(guard.release().await.expect("release"));
+            guard.release().await.expect("release");
             assert!(lock_rows(&self.observer, lock_id(key)).await.is_empty());
         }
         // The manager itself is still fully usable.
@@ -92,7 +95,7 @@ impl Pg {
             .acquire(keys[0], Some(EVENTUALLY))
             .await
             .expect("the manager works after the cancellation");
-        assert!(guard.release().await.expect("release"));
+        guard.release().await.expect("release");
         assert_pool_clean(&self.observer, &self.app).await;
     }
 }
@@ -127,7 +130,14 @@ async fn postgres_releases_cancelled_before_the_unlock_still_release() {
     let pg = Pg::new("cancel-release", 4).await;
     let (locks, pause) = pg.manager_parking_at(Stage::Unlock);
     let released = key("cancel-release");
-    assert!(locks.try_acquire(&released).await.expect("try").is_some());
+    assert!(
+        locks
+            .try_acquire(&released)
+            .await
+            .expect("try")
+            .map(LockGuard::leak)
+            .is_some()
+    );
     cancel_when_parked(locks.release(&released), &pause, Stage::Unlock).await;
     pg.assert_nothing_left(&locks, &[&released]).await;
 
@@ -144,7 +154,14 @@ async fn postgres_releases_cancelled_before_the_unlock_still_release() {
     let (locks, pause) = pg.manager_parking_at(Stage::Unlock);
     let keys = [key("all-1"), key("all-2"), key("all-3")];
     for key in &keys {
-        assert!(locks.try_acquire(key).await.expect("try").is_some());
+        assert!(
+            locks
+                .try_acquire(key)
+                .await
+                .expect("try")
+                .map(LockGuard::leak)
+                .is_some()
+        );
     }
     cancel_when_parked(locks.release_all(), &pause, Stage::Unlock).await;
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
@@ -192,7 +209,7 @@ async fn postgres_acquire_cancelled_while_waiting_on_the_server() {
             "the abandoned wait lingered {gone:?}, more than the server's check interval \
              ({CLIENT_CHECK:?}) + {SLACK:?}"
         );
-        assert!(guard.release().await.expect("release"));
+        guard.release().await.expect("release");
         pg.assert_nothing_left(&locks, &[&key]).await;
     }
 }
@@ -223,8 +240,8 @@ async fn postgres_acquire_cancelled_while_waiting_for_a_pooled_connection() {
         );
     }
     assert_eq!(locks.held_lock_count(), 1);
-    assert!(guard.release().await.expect("release"));
-    assert!(elsewhere.release().await.expect("release"));
+    guard.release().await.expect("release");
+    elsewhere.release().await.expect("release");
     pg.assert_nothing_left(&locks, &[&pinning, &starved]).await;
 }
 
@@ -245,7 +262,7 @@ async fn postgres_acquire_cancelled_while_queued_behind_its_own_manager() {
         waiting.abort();
         assert!(waiting.await.expect_err("aborted").is_cancelled());
     }
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
     pg.assert_nothing_left(&locks, &[&key]).await;
 }
 
@@ -281,7 +298,7 @@ async fn postgres_cancellation_sweep() {
             let _ = tokio::time::timeout(budget / 2, guard.release()).await;
         }
         if let Some(guard) = rival_guard {
-            assert!(guard.release().await.expect("rival release"));
+            guard.release().await.expect("rival release");
         }
     }
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
@@ -310,7 +327,11 @@ async fn in_memory_operations_cancelled_at_each_stage() {
         async move {
             assert_eq!(manager.held_lock_count(), 0);
             assert!(
-                next.try_acquire(&key).await.expect("try").is_some(),
+                next.try_acquire(&key)
+                    .await
+                    .expect("try")
+                    .map(LockGuard::leak)
+                    .is_some(),
                 "key left held"
             );
             next.release(&key).await.expect("release");
@@ -330,7 +351,14 @@ async fn in_memory_operations_cancelled_at_each_stage() {
     }
     let (manager, pause) = build(Stage::Unlock);
     let released = key("memory-release");
-    assert!(manager.try_acquire(&released).await.expect("try").is_some());
+    assert!(
+        manager
+            .try_acquire(&released)
+            .await
+            .expect("try")
+            .map(LockGuard::leak)
+            .is_some()
+    );
     cancel_when_parked(manager.release(&released), &pause, Stage::Unlock).await;
     assert_free(manager, released).await;
 
@@ -358,11 +386,13 @@ async fn a_pool_checkout_that_never_comes_is_bounded_by_the_deadline_and_leaves_
         .acquire(&starved, Some(Duration::from_millis(100)))
         .await
         .expect_err("no connection within the deadline");
+    // The deadline is the only bound on the checkout: its passing is a timeout.
     assert!(
-        matches!(err, pglock::Error::PoolExhausted { .. }),
+        matches!(&err, pglock::Error::Timeout { key, timeout }
+            if key == &starved && *timeout == Duration::from_millis(100)),
         "{err:?}"
     );
-    assert!(guard.release().await.expect("release"));
-    assert!(elsewhere.release().await.expect("release"));
+    guard.release().await.expect("release");
+    elsewhere.release().await.expect("release");
     assert_pool_clean(&observer().await, &app).await;
 }

@@ -11,7 +11,8 @@ mod common;
 use std::time::Duration;
 
 use common::{app_name, key, pool_named};
-use pglock::{Error, LockManager, PostgresLockManager};
+use pglock::{Error, LockManagerExt, PostgresLockManager};
+use sqlx::postgres::PgPoolOptions;
 use tokio::time::Instant;
 
 async fn manager(label: &str, max: u32) -> PostgresLockManager {
@@ -80,7 +81,7 @@ async fn a_wait_on_the_server_ends_within_a_round_trip_of_the_deadline() {
         let observed = overshoots(&waiter, &key, timeout, 15).await;
         assert_close(&format!("server wait, timeout {timeout:?}"), &observed);
     }
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
 }
 
 #[tokio::test]
@@ -88,8 +89,7 @@ async fn a_wait_behind_the_managers_own_holder_ends_at_the_deadline() {
     let locks = manager("local", 2).await;
     let key = key("local-deadline");
     let guard = locks.acquire(&key, None).await.expect("acquire");
-    // Another task of the same manager waits behind the holder (the holding task itself would
-    // be told at once that it waits for itself).
+    // Another task of the same manager waits behind the holder.
     let observed = tokio::spawn({
         let (locks, key) = (locks.clone(), key.clone());
         async move { overshoots(&locks, &key, Duration::from_millis(60), 15).await }
@@ -97,7 +97,11 @@ async fn a_wait_behind_the_managers_own_holder_ends_at_the_deadline() {
     .await
     .expect("join");
     assert_close("local turn wait, timeout 60ms", &observed);
-    assert!(guard.release().await.expect("release"));
+    // So does the holding task itself, while its guard is alive in a plain variable: like a
+    // second `lock()` of a `tokio::sync::Mutex`, it waits for the guard until its deadline.
+    let observed = overshoots(&locks, &key, Duration::from_millis(60), 5).await;
+    assert_close("the holding task's own turn wait, timeout 60ms", &observed);
+    guard.release().await.expect("release");
 }
 
 #[tokio::test]
@@ -142,34 +146,67 @@ async fn one_deadline_covers_the_local_queue_and_the_server_wait() {
         .expect("join")
         .expect_err("held for its whole deadline");
     assert!(first.is_timeout(), "{first:?}");
-    assert!(held.release().await.expect("release"));
+    held.release().await.expect("release");
 }
 
 #[tokio::test]
-async fn a_deadline_spent_waiting_for_the_pool_is_reported_as_exhaustion() {
+async fn a_deadline_spent_waiting_for_the_pool_is_reported_as_a_timeout() {
     // The only connection is the lock session's; a key held elsewhere needs one more to wait on.
-    let locks = manager("exhausted", 1).await;
+    // The pool's own acquire timeout (200 ms) bounds a checkout only when the caller has no
+    // deadline.
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_millis(200))
+        .connect_with(common::options(&app_name("exhausted")))
+        .await
+        .expect("connect");
+    let locks = PostgresLockManager::new(pool);
     let holder = manager("holder", 2).await;
     let starved = key("starved");
     let held = holder.acquire(&starved, None).await.expect("acquire");
     let pinning = locks.acquire(&key("pinning"), None).await.expect("acquire");
-    let mut observed = Vec::new();
-    for _ in 0..5 {
-        let timeout = Duration::from_millis(50);
-        let started = Instant::now();
-        let err = locks
-            .acquire(&starved, Some(timeout))
-            .await
-            .expect_err("the only connection is the lock session");
-        let elapsed = started.elapsed();
-        assert!(matches!(err, Error::PoolExhausted { .. }), "{err:?}");
-        assert!(elapsed >= timeout, "{elapsed:?}");
-        observed.push(elapsed - timeout);
+    // A deadline shorter than the pool's acquire timeout, and one longer: either way the
+    // caller's deadline is the only bound, and its passing is a timeout.
+    for timeout in [Duration::from_millis(50), Duration::from_millis(450)] {
+        let mut observed = Vec::new();
+        for _ in 0..5 {
+            let started = Instant::now();
+            let err = locks
+                .acquire(&starved, Some(timeout))
+                .await
+                .expect_err("the only connection is the lock session");
+            let elapsed = started.elapsed();
+            match &err {
+                Error::Timeout { key, timeout: t } => {
+                    assert_eq!(key, &starved);
+                    assert_eq!(*t, timeout);
+                }
+                other => panic!("expected Timeout, got {other:?}"),
+            }
+            assert!(elapsed >= timeout, "{elapsed:?}");
+            observed.push(elapsed - timeout);
+        }
+        observed.sort();
+        assert_close(&format!("pool checkout, timeout {timeout:?}"), &observed);
     }
-    observed.sort();
-    assert_close("pool checkout, timeout 50ms", &observed);
-    assert!(pinning.release().await.expect("release"));
-    assert!(held.release().await.expect("release"));
+    // Without a deadline, the pool's acquire timeout ends the checkout: a typed error.
+    let started = Instant::now();
+    let err = locks
+        .acquire(&starved, None)
+        .await
+        .expect_err("the only connection is the lock session");
+    let elapsed = started.elapsed();
+    println!("pool checkout without a deadline: {err} after {elapsed:?}");
+    assert!(
+        matches!(&err, Error::PoolExhausted { key, max_connections: 1, .. } if key == &starved),
+        "{err:?}"
+    );
+    assert!(
+        elapsed >= Duration::from_millis(200) && elapsed < Duration::from_secs(1),
+        "bounded by the pool's acquire timeout: {elapsed:?}"
+    );
+    pinning.release().await.expect("release");
+    held.release().await.expect("release");
 }
 
 #[tokio::test]
@@ -181,7 +218,7 @@ async fn a_zero_timeout_is_one_immediate_try() {
         .acquire(&key, Some(Duration::ZERO))
         .await
         .expect("a free key is granted on the single try");
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
     let held = holder.acquire(&key, None).await.expect("acquire");
     let err = locks
         .acquire(&key, Some(Duration::ZERO))
@@ -192,7 +229,7 @@ async fn a_zero_timeout_is_one_immediate_try() {
         err.to_string(),
         format!("Failed to acquire lock '{key}': Timeout after 0.0s")
     );
-    assert!(held.release().await.expect("release"));
+    held.release().await.expect("release");
 }
 
 #[tokio::test]
@@ -224,13 +261,13 @@ async fn deadlines_beyond_what_the_server_takes_wait_as_asked() {
             })
         })
         .await;
-        assert!(held.release().await.expect("release"));
+        held.release().await.expect("release");
         let guard = tokio::time::timeout(Duration::from_secs(10), waiter)
             .await
             .expect("granted once released")
             .expect("join")
             .unwrap_or_else(|err| panic!("{timeout:?} must wait, not fail: {err:?}"));
-        assert!(guard.release().await.expect("release"));
+        guard.release().await.expect("release");
     }
 }
 
@@ -253,7 +290,7 @@ async fn time_spent_waiting_for_the_pool_comes_off_the_server_wait() {
         .acquire(&key("warm"), None)
         .await
         .expect("open the lock session");
-    assert!(warm.release().await.expect("release"));
+    warm.release().await.expect("release");
     let observer = common::observer().await;
     let first = tokio::spawn({
         let (locks, key) = (locks.clone(), first_key.clone());
@@ -289,6 +326,6 @@ async fn time_spent_waiting_for_the_pool_comes_off_the_server_wait() {
             .is_timeout()
     );
     for guard in held {
-        assert!(guard.release().await.expect("release"));
+        guard.release().await.expect("release");
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::{app_name, key};
 use pglock::testing::TempPostgres;
-use pglock::{Error, LockManager, PostgresLockManager};
+use pglock::{Error, LockManagerExt, PostgresLockManager};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgConnection};
 use tokio::time::Instant;
@@ -51,12 +51,12 @@ async fn a_full_server_is_reported_as_too_many_connections() {
     for _ in 0..3 {
         taken.push(connect(&server).await);
     }
+    // Without a deadline of the caller's, the pool's own `acquire_timeout` bounds getting a
+    // connection; the manager then says why none could be had.
     let pool = PgPoolOptions::new()
-        .acquire_timeout(Duration::from_secs(60))
+        .acquire_timeout(Duration::from_millis(500))
         .connect_lazy_with(options(&server).application_name(&app_name("full")));
-    let locks = PostgresLockManager::builder(pool)
-        .session_timeout(Duration::from_millis(500))
-        .build();
+    let locks = PostgresLockManager::new(pool);
     let key = key("full");
     let started = Instant::now();
     let err = locks
@@ -70,17 +70,38 @@ async fn a_full_server_is_reported_as_too_many_connections() {
         }
         other => panic!("expected TooManyConnections, got {other:?}"),
     }
-    // The session timeout (500 ms), then at most 100 ms to ask the server why, and room for a
-    // busy machine.
+    // The pool's acquire timeout (500 ms), then at most 100 ms to ask the server why, and
+    // room for a busy machine.
     let elapsed = started.elapsed();
     println!("a full server: refused after {elapsed:?}");
     assert!(
         elapsed < Duration::from_millis(500 + 100 + 100),
-        "bounded by the session timeout, not the pool's 60 s: {elapsed:?}"
+        "bounded by the pool's acquire timeout: {elapsed:?}"
     );
     assert!(
         err.to_string().contains("refused a new connection"),
         "{err}"
+    );
+    // With a deadline, the deadline is the only bound: the full server is waited out until
+    // then, and the caller gets its timeout.
+    let deadline = Duration::from_millis(800);
+    let started = Instant::now();
+    let err = locks
+        .acquire(&key, Some(deadline))
+        .await
+        .expect_err("the server is still full");
+    let elapsed = started.elapsed();
+    println!("a full server with a deadline: gave up after {elapsed:?}");
+    match &err {
+        Error::Timeout { key: k, timeout } => {
+            assert_eq!(k, &key);
+            assert_eq!(*timeout, deadline);
+        }
+        other => panic!("expected Timeout at the caller's deadline, got {other:?}"),
+    }
+    assert!(
+        elapsed >= deadline && elapsed < deadline + Duration::from_millis(300),
+        "bounded by the caller's deadline: {elapsed:?}"
     );
     // Once a connection is free, the same manager works.
     drop(taken.pop());
@@ -88,7 +109,7 @@ async fn a_full_server_is_reported_as_too_many_connections() {
         .acquire(&key, Some(Duration::from_secs(10)))
         .await
         .expect("acquire once the server has room");
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
 }
 
 #[tokio::test]

@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::stages::StageCounts;
 use common::{app_name, key, lock_rows, observer, pool_named};
 use pglock::testing::Stage;
-use pglock::{LockManager, PostgresLockManager, lock_id};
+use pglock::{LockManager, LockManagerExt, PostgresLockManager, lock_id};
 use sqlx::PgPool;
 use tokio::time::Instant;
 
@@ -45,7 +45,7 @@ async fn relay(
         tasks.push(tokio::spawn(async move {
             let guard = locks.acquire(&key, Some(BOUND)).await.expect("acquire");
             let seen = holder_statement(&observer, &key).await;
-            assert!(guard.release().await.expect("release"));
+            guard.release().await.expect("release");
             seen
         }));
     }
@@ -58,7 +58,7 @@ async fn relay(
         "only the first went to the server"
     );
     let mut seen = vec![holder_statement(observer, key).await];
-    assert!(first.release().await.expect("release"));
+    first.release().await.expect("release");
     for task in tasks {
         seen.push(
             tokio::time::timeout(BOUND, task)
@@ -141,13 +141,13 @@ async fn starvation(limits: Option<(u32, Duration)>) -> Duration {
                 let guard = a.acquire(&key, None).await.expect("acquire");
                 // A short critical section, as if it did a little I/O.
                 tokio::time::sleep(Duration::from_millis(1)).await;
-                assert!(guard.release().await.expect("release"));
+                guard.release().await.expect("release");
             }
         }));
     }
     // Make sure A is running its relay before B arrives.
     let warm = a.acquire(&key, None).await.expect("acquire");
-    assert!(warm.release().await.expect("release"));
+    warm.release().await.expect("release");
     // B is another process: give it a thread and a runtime of its own, so A's busy tasks
     // cannot starve it of CPU, only (if the bound failed) of the lock.
     let waited = std::thread::spawn(move || {
@@ -162,7 +162,7 @@ async fn starvation(limits: Option<(u32, Duration)>) -> Duration {
                 .await
                 .expect("B is served once A's relay reaches its bound");
             let waited = asked.elapsed();
-            assert!(guard.release().await.expect("release"));
+            guard.release().await.expect("release");
             waited
         })
     });

@@ -44,12 +44,12 @@ async fn sqlx_advisory_locks_and_pglock_exclude_each_other() {
         let mut conn = connection().await;
         let held = sqlx_lock.acquire(&mut conn).await.expect("sqlx acquire");
         assert!(
-            locks.try_lock(key.clone()).await.expect("try").is_none(),
+            locks.try_acquire(key.clone()).await.expect("try").is_none(),
             "{key}"
         );
         let waiting = tokio::spawn({
             let (locks, key) = (locks.clone(), key.clone());
-            async move { locks.lock(key, Some(BOUND)).await }
+            async move { locks.acquire(key, Some(BOUND)).await }
         });
         let conn = held.release_now().await.expect("sqlx release");
         let guard = waiting
@@ -63,7 +63,7 @@ async fn sqlx_advisory_locks_and_pglock_exclude_each_other() {
             sqlx::Either::Right(_)
         );
         assert!(refused, "{key}: pglock holds it");
-        assert!(guard.release().await.expect("release"));
+        guard.release().await.expect("release");
         let granted = sqlx_lock.try_acquire(&mut conn).await.expect("sqlx try");
         let sqlx::Either::Left(granted) = granted else {
             panic!("{key}: free again for sqlx");
@@ -107,13 +107,13 @@ async fn raw_ids_and_pairs_contend_with_hand_written_sql() {
             .await
             .expect("hand-written lock");
         assert!(
-            locks.try_lock(key.clone()).await.expect("try").is_none(),
+            locks.try_acquire(key.clone()).await.expect("try").is_none(),
             "{key}"
         );
         // A waiter on the server, minting its token when granted.
         let waiting = tokio::spawn({
             let (locks, key) = (locks.clone(), key.clone());
-            async move { locks.lock(key, Some(BOUND)).await }
+            async move { locks.acquire(key, Some(BOUND)).await }
         });
         eventually("the waiter queues on the server", || async {
             waiting_on(&observer().await, key.target()).await
@@ -124,8 +124,8 @@ async fn raw_ids_and_pairs_contend_with_hand_written_sql() {
             .await
             .expect("unlock");
         let guard = waiting.await.expect("join").expect("granted");
-        assert!(guard.fencing_token.is_some());
-        assert!(guard.release().await.expect("release"));
+        assert!(guard.info().fencing_token.is_some());
+        guard.release().await.expect("release");
     }
 }
 
@@ -151,10 +151,10 @@ async fn a_lost_pair_key_is_reported_like_any_other() {
         .probe_interval(Duration::from_millis(100))
         .build();
     let (a, b) = (random_i32(), random_i32());
-    let guard = locks.lock((a, b), None).await.expect("acquire");
+    let guard = locks.acquire((a, b), None).await.expect("acquire");
     // Two probes pass with the pair held: the monitor finds it where pg_locks shows pairs.
     let monitored = locks
-        .lock(key("beside-the-pair"), None)
+        .acquire(key("beside-the-pair"), None)
         .await
         .expect("acquire");
     let pid: i32 = sqlx::query_scalar(
@@ -166,14 +166,14 @@ async fn a_lost_pair_key_is_reported_like_any_other() {
     .fetch_one(&observer)
     .await
     .expect("the pair is in pg_locks");
-    let cause = tokio::time::timeout(Duration::from_millis(600), guard.lost()).await;
+    let cause = tokio::time::timeout(Duration::from_millis(600), guard.loss_signal().lost()).await;
     assert!(cause.is_err(), "a held pair is not declared lost");
     sqlx::query("SELECT pg_terminate_backend($1)")
         .bind(pid)
         .execute(&observer)
         .await
         .expect("terminate");
-    tokio::time::timeout(BOUND, guard.lost())
+    tokio::time::timeout(BOUND, guard.loss_signal().lost())
         .await
         .expect("the pair's loss is reported");
     drop(monitored);

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use common::{app_name, eventually, key, lock_rows, observer, pool_named};
 use pglock::{
-    Error, InMemoryLockManager, LockManager, LockManagerExt, LossCause, PostgresLockManager,
-    lock_id,
+    Error, InMemoryLockManager, LockGuard, LockManager, LockManagerExt, LossCause,
+    PostgresLockManager, lock_id,
 };
 use sqlx::PgPool;
 use tokio::time::Instant;
@@ -52,13 +52,13 @@ async fn a_terminated_holder_is_reported_within_an_interval_every_time() {
         let guard = locks.acquire(&key, None).await.expect("acquire");
         let killed_at = Instant::now();
         kill_holder(&observer, &key).await;
-        let cause = tokio::time::timeout(BOUND, guard.lost())
+        let cause = tokio::time::timeout(BOUND, guard.loss_signal().lost())
             .await
             .expect("the loss is signalled");
         latencies.push(killed_at.elapsed());
         assert_eq!(cause, LossCause::NotOnServer);
-        assert!(guard.is_lost());
-        assert!(guard.lost_token().is_cancelled());
+        assert!(guard.loss_signal().is_lost());
+        assert!(guard.loss_signal().token().is_cancelled());
         assert!(
             !locks.is_held(&key).await,
             "the registry forgot the lost lock"
@@ -78,7 +78,7 @@ async fn a_terminated_holder_is_reported_within_an_interval_every_time() {
         }
         let rows = lock_rows(&observer, lock_id(&key)).await;
         assert_eq!(rows.len(), 1, "the rival still holds it: {rows:?}");
-        assert!(next.release().await.expect("rival release"));
+        next.release().await.expect("rival release");
     }
     latencies.sort();
     let p50 = latencies[trials / 2];
@@ -99,7 +99,14 @@ async fn a_lost_lock_taken_with_try_acquire_leaves_the_registry() {
     let observer = observer().await;
     let locks = watched_manager("detect-try").await;
     let key = key("detect-try");
-    assert!(locks.try_acquire(&key).await.expect("try").is_some());
+    assert!(
+        locks
+            .try_acquire(&key)
+            .await
+            .expect("try")
+            .map(LockGuard::leak)
+            .is_some()
+    );
     kill_holder(&observer, &key).await;
     common::eventually("the lost lock leaves the registry", || async {
         !locks.is_held(&key).await
@@ -111,7 +118,14 @@ async fn a_lost_lock_taken_with_try_acquire_leaves_the_registry() {
         Err(Error::NotHeld { .. })
     ));
     // The manager is usable at once.
-    assert!(locks.try_acquire(&key).await.expect("try").is_some());
+    assert!(
+        locks
+            .try_acquire(&key)
+            .await
+            .expect("try")
+            .map(LockGuard::leak)
+            .is_some()
+    );
     locks.release(&key).await.expect("release");
 }
 
@@ -135,7 +149,7 @@ async fn a_lost_lock_on_a_session_of_its_own_leaves_the_lock_sessions_alone() {
         lock_rows(&observer, lock_id(&doomed)).await.len() == 2
     })
     .await;
-    assert!(rival_guard.release().await.expect("release"));
+    rival_guard.release().await.expect("release");
     let doomed_guard = tokio::time::timeout(BOUND, waiting)
         .await
         .expect("granted once the rival let go")
@@ -149,7 +163,7 @@ async fn a_lost_lock_on_a_session_of_its_own_leaves_the_lock_sessions_alone() {
     assert_ne!(own, shared, "two sessions");
 
     kill_holder(&observer, &doomed).await;
-    tokio::time::timeout(BOUND, doomed_guard.lost())
+    tokio::time::timeout(BOUND, doomed_guard.loss_signal().lost())
         .await
         .expect("lost");
     // Wait for a probe that started after the loss was declared: the healthy lock passed it.
@@ -169,9 +183,9 @@ async fn a_lost_lock_on_a_session_of_its_own_leaves_the_lock_sessions_alone() {
         last.is_some_and(|last| last > declared)
     })
     .await;
-    assert!(!healthy_guard.is_lost());
+    assert!(!healthy_guard.loss_signal().is_lost());
     assert!(locks.is_held(&healthy).await);
-    assert!(healthy_guard.release().await.expect("release"));
+    healthy_guard.release().await.expect("release");
 }
 
 #[tokio::test]
@@ -239,7 +253,7 @@ async fn with_lock_releases_on_every_path() {
         .acquire(&key, Some(Duration::from_secs(5)))
         .await
         .expect("released");
-    assert!(again.release().await.expect("release"));
+    again.release().await.expect("release");
 
     // Cancelled from outside.
     let outcome = tokio::time::timeout(
@@ -252,7 +266,7 @@ async fn with_lock_releases_on_every_path() {
         .acquire(&key, Some(Duration::from_secs(5)))
         .await
         .expect("released after cancellation");
-    assert!(again.release().await.expect("release"));
+    again.release().await.expect("release");
 
     // Not acquired (another task holds the key): the body never runs.
     let blocker = locks.acquire(&key, None).await.expect("acquire");
@@ -270,7 +284,7 @@ async fn with_lock_releases_on_every_path() {
     .expect("join")
     .expect_err("held");
     assert!(err.is_timeout());
-    assert!(blocker.release().await.expect("release"));
+    blocker.release().await.expect("release");
 }
 
 #[tokio::test]
@@ -345,7 +359,7 @@ async fn detection_can_be_switched_off() {
     while Instant::now() < watched_until {
         let sessions = common::sessions_of(&observer, &monitor).await;
         assert!(sessions.is_empty(), "a monitor connected: {sessions:?}");
-        assert!(!guard.is_lost(), "the loss was reported");
+        assert!(!guard.loss_signal().is_lost(), "the loss was reported");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(locks.is_held(&key).await);
@@ -378,7 +392,7 @@ async fn the_monitor_has_its_own_named_connection_only_while_locks_are_held() {
         .await
         .expect("acquire");
     monitor_pid(&observer, &app).await;
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
     common::eventually("the monitor disconnects once nothing is held", || async {
         common::sessions_of(&observer, &monitor).await.is_empty()
     })
@@ -415,8 +429,11 @@ async fn a_probe_that_fails_once_loses_nothing() {
             .any(|session| session.pid != first)
     })
     .await;
-    assert!(!guard.is_lost(), "declared lost on one failed probe");
-    assert!(guard.release().await.expect("release"));
+    assert!(
+        !guard.loss_signal().is_lost(),
+        "declared lost on one failed probe"
+    );
+    guard.release().await.expect("release");
 }
 
 #[tokio::test]
@@ -437,7 +454,7 @@ async fn a_lock_taken_again_and_again_keeps_one_monitor_connection() {
             .await
             .expect("acquire");
         pids.insert(monitor_pid(&observer, &app).await);
-        assert!(guard.release().await.expect("release"));
+        guard.release().await.expect("release");
         // Idle for two intervals: the monitor sees nothing held at a tick or two.
         tokio::time::sleep(interval * 2).await;
     }
@@ -471,5 +488,5 @@ async fn the_monitor_connects_before_its_first_probe_is_due() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
 }

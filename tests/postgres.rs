@@ -14,7 +14,9 @@ use common::{
     observer, pool_named, sessions_of,
 };
 use pglock::testing::Stage;
-use pglock::{Error, LockManager, PostgresLockManager, lock_id, split_lock_id};
+use pglock::{
+    Error, LockGuard, LockManager, LockManagerExt, PostgresLockManager, lock_id, split_lock_id,
+};
 use sqlx::postgres::PgPoolOptions;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -39,13 +41,13 @@ async fn two_managers_exclude_each_other() {
         .await
         .expect_err("a holds it");
     assert!(err.is_timeout(), "{err:?}");
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
     let guard = b
         .acquire(&key, Some(Duration::from_secs(10)))
         .await
         .expect("b takes it once a let go");
-    assert_eq!(guard.holder_id.as_deref(), b.holder_id());
-    assert!(guard.release().await.expect("release"));
+    assert_eq!(&*guard.info().holder_id, b.holder_id());
+    guard.release().await.expect("release");
 }
 
 #[tokio::test]
@@ -56,7 +58,7 @@ async fn pg_locks_shows_one_exclusive_advisory_lock_on_an_idle_session() {
     let key = key("pg-locks");
     let guard = locks.acquire(&key, None).await.expect("acquire");
 
-    let rows = lock_rows(&observer, guard.lock_id).await;
+    let rows = lock_rows(&observer, guard.info().lock_id).await;
     let (classid, objid) = split_lock_id(lock_id(&key));
     assert_eq!(rows.len(), 1, "{rows:?}");
     let row = &rows[0];
@@ -81,7 +83,7 @@ async fn pg_locks_shows_one_exclusive_advisory_lock_on_an_idle_session() {
     assert_eq!(holder.state.as_deref(), Some("idle"), "{holder:?}");
     assert!(!holder.has_xmin, "a held lock must not pin backend_xmin");
 
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
     assert!(lock_rows(&observer, lock_id(&key)).await.is_empty());
 }
 
@@ -141,12 +143,12 @@ async fn a_blocking_acquire_waits_on_the_server_without_polling() {
     }
     assert!(samples > 1, "watched more than once");
 
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
     let granted = waiting
         .await
         .expect("join")
         .expect("granted after the release");
-    assert!(granted.release().await.expect("release"));
+    granted.release().await.expect("release");
 }
 
 #[tokio::test]
@@ -177,7 +179,7 @@ async fn waiters_are_served_in_arrival_order() {
         .await;
     }
     drop(tx);
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
     let mut order = Vec::new();
     let served = async {
         while let Some(name) = rx.recv().await {
@@ -255,13 +257,13 @@ async fn a_timed_out_wait_leaves_its_connection_clean_and_pooled() {
         async move { waiter.acquire(&key, Some(Duration::from_secs(10))).await }
     });
     eventually_waiting("the waiter queues on the server", &observer, &key).await;
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
     let granted = tokio::time::timeout(Duration::from_secs(10), waiting)
         .await
         .expect("granted within its deadline")
         .expect("join")
         .expect("granted once released");
-    assert!(granted.release().await.expect("release"));
+    granted.release().await.expect("release");
     let mut conn = tokio::time::timeout(Duration::from_secs(5), pool.acquire())
         .await
         .expect("the wait's connection was returned")
@@ -284,9 +286,10 @@ async fn a_timed_out_wait_leaves_its_connection_clean_and_pooled() {
 
 #[tokio::test]
 async fn pool_exhaustion_is_a_typed_error_within_the_deadline() {
+    // The pool's own acquire timeout bounds a checkout without a deadline of the caller's.
     let pool = PgPoolOptions::new()
         .max_connections(1)
-        .acquire_timeout(Duration::from_secs(60))
+        .acquire_timeout(Duration::from_millis(300))
         .connect_with(common::options(&app_name("exhausted")))
         .await
         .expect("connect");
@@ -301,9 +304,30 @@ async fn pool_exhaustion_is_a_typed_error_within_the_deadline() {
     let other = key("needs-a-connection");
     let held = elsewhere.acquire(&other, None).await.expect("acquire");
 
+    // With a deadline, the deadline is the only bound, and its passing while no connection
+    // is free is a timeout like any other.
     let started = Instant::now();
     let err = locks
         .acquire(&other, Some(Duration::from_millis(200)))
+        .await
+        .expect_err("no connection is free");
+    let elapsed = started.elapsed();
+    match &err {
+        Error::Timeout { key, timeout } => {
+            assert_eq!(key, &other);
+            assert_eq!(*timeout, Duration::from_millis(200));
+        }
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    assert!(
+        elapsed >= Duration::from_millis(200) && elapsed < Duration::from_secs(2),
+        "took {elapsed:?}"
+    );
+
+    // Without one, the pool's acquire timeout (300 ms) bounds the checkout: a typed error.
+    let started = Instant::now();
+    let err = locks
+        .acquire(&other, None)
         .await
         .expect_err("no connection is free");
     let elapsed = started.elapsed();
@@ -315,7 +339,7 @@ async fn pool_exhaustion_is_a_typed_error_within_the_deadline() {
         } => {
             assert_eq!(key, &other);
             assert_eq!(*max_connections, 1);
-            assert!(*waited >= Duration::from_millis(150), "{waited:?}");
+            assert!(*waited >= Duration::from_millis(250), "{waited:?}");
         }
         other => panic!("expected PoolExhausted, got {other:?}"),
     }
@@ -327,24 +351,30 @@ async fn pool_exhaustion_is_a_typed_error_within_the_deadline() {
 
     // try_acquire runs on the lock session: it never waits for the pool.
     assert!(locks.try_acquire(&other).await.expect("try").is_none());
-    assert!(held.release().await.expect("release"));
-    assert!(locks.try_acquire(&other).await.expect("try").is_some());
+    held.release().await.expect("release");
+    assert!(
+        locks
+            .try_acquire(&other)
+            .await
+            .expect("try")
+            .map(LockGuard::leak)
+            .is_some()
+    );
     locks.release(&other).await.expect("release");
-    assert!(first.release().await.expect("release"));
+    first.release().await.expect("release");
 }
 
 #[tokio::test]
-async fn without_a_lock_session_a_try_fails_typed_within_the_session_timeout() {
+async fn without_a_lock_session_a_try_fails_typed_within_the_pools_acquire_timeout() {
     let app = app_name("no-session");
+    // Without a deadline of the caller's, the pool's own acquire timeout bounds the checkout.
     let pool = PgPoolOptions::new()
         .max_connections(1)
-        .acquire_timeout(Duration::from_secs(60))
+        .acquire_timeout(Duration::from_millis(300))
         .connect_with(common::options(&app))
         .await
         .expect("connect");
-    let locks = common::manager_for(pool.clone(), &app)
-        .session_timeout(Duration::from_millis(300))
-        .build();
+    let locks = common::manager_for(pool.clone(), &app).build();
     // The application holds the pool's only connection, so no lock session can be opened.
     let taken = pool.acquire().await.expect("checkout");
     for attempt in [None, Some(Duration::ZERO)] {
@@ -359,15 +389,29 @@ async fn without_a_lock_session_a_try_fails_typed_within_the_session_timeout() {
         println!("no lock session: {attempt:?} failed after {elapsed:?}");
         assert!(
             elapsed < Duration::from_millis(300 + 150),
-            "bounded by the session timeout (300 ms), not the pool's 60 s: {elapsed:?}"
+            "bounded by the pool's acquire timeout (300 ms): {elapsed:?}"
         );
     }
+    // With a deadline, the deadline alone bounds it, and its passing is a timeout.
+    let started = Instant::now();
+    let err = locks
+        .acquire(&key("cold"), Some(Duration::from_millis(500)))
+        .await
+        .expect_err("no lock session can be had");
+    let elapsed = started.elapsed();
+    println!("no lock session: a 500 ms deadline failed after {elapsed:?}");
+    assert!(err.is_timeout(), "{err:?}");
+    assert!(
+        elapsed >= Duration::from_millis(500) && elapsed < Duration::from_millis(500 + 150),
+        "bounded by the deadline, not the pool's acquire timeout: {elapsed:?}"
+    );
     drop(taken);
     assert!(
         locks
             .try_acquire(&key("warm"))
             .await
             .expect("try")
+            .map(LockGuard::leak)
             .is_some()
     );
     assert_eq!(locks.release_all().await.expect("release all"), 1);
@@ -394,7 +438,9 @@ async fn an_unreachable_server_is_a_typed_error_within_the_deadline() {
         .expect_err("nothing to connect to");
     let elapsed = started.elapsed();
     println!("unreachable server: failed after {elapsed:?}");
-    assert!(matches!(err, Error::Connection { .. }), "{err:?}");
+    // With a deadline, a connection that cannot be had yet is tried again until then: the
+    // caller gets its timeout.
+    assert!(err.is_timeout(), "{err:?}");
     assert!(
         elapsed < Duration::from_millis(300 + 150),
         "beyond its 300 ms deadline: {elapsed:?}"
@@ -405,7 +451,7 @@ async fn an_unreachable_server_is_a_typed_error_within_the_deadline() {
         .await
         .expect_err("nothing to connect to");
     assert!(matches!(err, Error::Connection { .. }), "{err:?}");
-    assert_eq!(err.key(), Some(key.as_str()));
+    assert_eq!(err.key(), &key);
     let err = locks
         .acquire(&key, None)
         .await
@@ -448,19 +494,19 @@ async fn keys_of_any_shape_work_and_hash_as_specified() {
             .acquire(key, Some(Duration::from_secs(10)))
             .await
             .expect("acquire");
-        assert_eq!(&guard.key, key);
+        assert_eq!(guard.info().key, *key);
         let rows = lock_rows(&observer, lock_id(key)).await;
         assert_eq!(rows.len(), 1, "exactly the derived lock is held");
-        assert!(guard.release().await.expect("release"));
+        guard.release().await.expect("release");
     }
     // The empty key is a key too.
     let empty_guard = locks
         .acquire("", Some(Duration::from_secs(10)))
         .await
         .expect("acquire");
-    assert_eq!(empty_guard.lock_id, 7183457195969485844);
+    assert_eq!(empty_guard.info().lock_id, 7183457195969485844);
     assert_eq!(lock_rows(&observer, 7183457195969485844).await.len(), 1);
-    assert!(empty_guard.release().await.expect("release"));
+    empty_guard.release().await.expect("release");
 }
 
 #[tokio::test]
@@ -471,8 +517,8 @@ async fn a_holder_id_of_any_content_is_kept_verbatim() {
         .build();
     let key = key("holder-id");
     let guard = locks.acquire(&key, None).await.expect("acquire");
-    assert_eq!(guard.holder_id.as_deref(), Some(holder_id));
-    assert!(guard.release().await.expect("release"));
+    assert_eq!(&*guard.info().holder_id, holder_id);
+    guard.release().await.expect("release");
 }
 
 // On one thread, so that a task seen at the turn queue's door has finished walking in (the
@@ -514,15 +560,13 @@ async fn in_process_contenders_share_one_session() {
             .all(|s| s.wait_event_type.as_deref() != Some("Lock")),
         "no session of the manager waits on the server"
     );
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
     for waiter in waiters {
-        assert!(
-            tokio::time::timeout(Duration::from_secs(30), waiter)
-                .await
-                .expect("each waiter is served within its deadline")
-                .expect("join")
-                .expect("each waiter got its turn")
-        );
+        tokio::time::timeout(Duration::from_secs(30), waiter)
+            .await
+            .expect("each waiter is served within its deadline")
+            .expect("join")
+            .expect("each waiter got its turn");
     }
     assert_pool_clean(&observer, &app).await;
 }
@@ -533,7 +577,14 @@ async fn a_failed_unlock_is_reported_and_its_connection_is_not_pooled() {
     let app = app_name("dead-session");
     let locks = manager(&app, 2).await;
     let key = key("dead-session");
-    assert!(locks.try_acquire(&key).await.expect("try").is_some());
+    assert!(
+        locks
+            .try_acquire(&key)
+            .await
+            .expect("try")
+            .map(LockGuard::leak)
+            .is_some()
+    );
     let holder_pid = lock_rows(&observer, lock_id(&key)).await[0].pid;
     let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
         .bind(holder_pid)
@@ -554,7 +605,7 @@ async fn a_failed_unlock_is_reported_and_its_connection_is_not_pooled() {
         .acquire(&key, Some(Duration::from_secs(10)))
         .await
         .expect("a fresh session");
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
     assert!(
         sessions_of(&observer, &app)
             .await
@@ -573,7 +624,14 @@ async fn dropping_the_manager_frees_its_locks() {
     let pool = pool_named(2, &app).await;
     let locks = common::manager_for(pool.clone(), &app).build();
     let key = key("dropped-manager");
-    assert!(locks.try_acquire(&key).await.expect("try").is_some());
+    assert!(
+        locks
+            .try_acquire(&key)
+            .await
+            .expect("try")
+            .map(LockGuard::leak)
+            .is_some()
+    );
     drop(locks);
     assert_pool_clean(&observer, &app).await;
     let next = manager(&app_name("next"), 2).await;
@@ -581,7 +639,7 @@ async fn dropping_the_manager_frees_its_locks() {
         .acquire(&key, Some(Duration::from_secs(10)))
         .await
         .expect("the dropped manager's lock was freed");
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
 }
 
 /// The holder process's role, passed on its command line (libtest takes it for a filter that
@@ -652,7 +710,7 @@ async fn a_holder_process_that_exits_without_releasing_frees_the_lock() {
         .acquire(&key, Some(Duration::from_secs(10)))
         .await
         .expect("the exited holder's lock was freed by the server");
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
 }
 
 #[tokio::test]
@@ -673,7 +731,7 @@ async fn a_killed_holder_process_frees_the_lock() {
         .acquire(&key, Some(Duration::from_secs(10)))
         .await
         .expect("the killed holder's lock was freed by the server");
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
 }
 
 #[tokio::test]
@@ -683,7 +741,13 @@ async fn clones_are_one_holder_and_separate_managers_are_two() {
     let same = one.clone();
     let other = PostgresLockManager::new(pool);
     let key = key("clones");
-    assert!(one.try_acquire(&key).await.expect("try").is_some());
+    assert!(
+        one.try_acquire(&key)
+            .await
+            .expect("try")
+            .map(LockGuard::leak)
+            .is_some()
+    );
     assert!(same.is_held(&key).await, "a clone sees the same registry");
     assert!(
         !other.is_held(&key).await,
@@ -708,7 +772,7 @@ async fn an_idle_lock_session_goes_back_to_the_pool_clean() {
             .acquire(&key(&format!("idle-{i}")), None)
             .await
             .expect("acquire");
-        assert!(guard.release().await.expect("release"));
+        guard.release().await.expect("release");
     }
     let sessions = sessions_of(&observer, &app).await;
     assert_eq!(sessions.len(), 1, "{sessions:?}");
@@ -733,7 +797,7 @@ async fn an_idle_lock_session_goes_back_to_the_pool_clean() {
     drop(conn);
     // The manager opens a new one when it needs it.
     let guard = locks.acquire(&key("again"), None).await.expect("acquire");
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
 }
 
 #[tokio::test]
@@ -763,7 +827,7 @@ async fn an_unconfirmed_unlock_closes_its_wait_session_instead_of_pooling_it() {
         lock_rows(&observer, lock_id(&key)).await.len() == 2
     })
     .await;
-    assert!(held.release().await.expect("release"));
+    held.release().await.expect("release");
     let guard = waiting.await.expect("join").expect("granted");
     let pid = lock_rows(&observer, lock_id(&key)).await[0].pid;
 
@@ -821,7 +885,7 @@ async fn a_wait_handed_a_pooled_connection_that_died_goes_on_another() {
         .acquire(&key("dead-pooled-warm"), Some(Duration::from_secs(10)))
         .await
         .expect("acquire");
-    assert!(warm.release().await.expect("release"));
+    warm.release().await.expect("release");
     let pid: i32 = {
         let mut conn = pool.acquire().await.expect("a pooled connection");
         sqlx::query_scalar("SELECT pg_backend_pid()")
@@ -846,7 +910,7 @@ async fn a_wait_handed_a_pooled_connection_that_died_goes_on_another() {
     let guard = won_by_waiting(&locks, &observer, &key("dead-pooled-wait"))
         .await
         .expect("the wait that met a dead connection went on on another one");
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
 }
 
 /// Has `locks` take `key` the contended way: another manager holds it until `locks` waits for
@@ -866,7 +930,7 @@ async fn won_by_waiting(
         async move { locks.acquire(&key, Some(Duration::from_secs(20))).await }
     });
     eventually_waiting("the manager waits on the server", observer, key).await;
-    assert!(held.release().await.expect("release"));
+    held.release().await.expect("release");
     tokio::time::timeout(Duration::from_secs(30), waiting)
         .await
         .expect("the wait ends")
@@ -887,7 +951,7 @@ async fn a_kept_wait_connection_goes_back_to_the_pool_after_its_ttl() {
     let guard = won_by_waiting(&locks, &observer, &key("kept-wait"))
         .await
         .expect("granted");
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
     // Only the lock session stays checked out; the wait's connection is back in the pool.
     eventually("the kept wait connection is given back", || async {
         locks.lock_session_count() == 1 && pool.size() as usize - pool.num_idle() == 1

@@ -32,7 +32,7 @@ use std::time::Duration;
 use common::pgbouncer::{self, backend_pid, holders};
 use common::{eventually, observer};
 use pglock::testing::{PoolMode, TempPgBouncer};
-use pglock::{Error, LockGuard, LockKey, LockManager, PostgresLockManager, ReleaseFailure};
+use pglock::{Error, LockGuard, LockKey, LockManagerExt, PostgresLockManager, ReleaseFailure};
 use sqlx::{PgPool, Row};
 use tokio::time::timeout;
 
@@ -78,7 +78,7 @@ async fn the_lock_is_shared_with_every_client_of_its_server_connection() {
     let server_connection = held[0].0;
 
     let other_client = pgbouncer::pool(&bouncer, 1, "another-client").await;
-    let (ran_on, granted) = try_lock_as_another_client(&other_client, guard.lock_id).await;
+    let (ran_on, granted) = try_lock_as_another_client(&other_client, guard.info().lock_id).await;
     assert_eq!(
         ran_on, server_connection,
         "one server connection serves both"
@@ -89,7 +89,7 @@ async fn the_lock_is_shared_with_every_client_of_its_server_connection() {
     );
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "SELECT pg_advisory_unlock({})",
-        guard.lock_id
+        guard.info().lock_id
     )))
     .execute(&other_client)
     .await

@@ -7,7 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{app_name, key, lock_rows, observer, pool_named};
-use pglock::{InMemoryLockManager, InMemoryLockServer, LockManager, PostgresLockManager, lock_id};
+use pglock::{
+    InMemoryLockManager, InMemoryLockServer, LockGuard, LockManager, LockManagerExt,
+    PostgresLockManager, lock_id,
+};
 
 const SHORT: Option<Duration> = Some(Duration::from_millis(50));
 const EVENTUALLY: Option<Duration> = Some(Duration::from_secs(10));
@@ -43,14 +46,14 @@ async fn sharers_coexist_and_exclude_an_exclusive_holder(holders: &[Arc<dyn Lock
     assert!(c.try_acquire(&key).await.expect("try").is_none());
     let err = c.acquire(&key, SHORT).await.expect_err("sharers exclude c");
     assert!(err.is_timeout(), "{err:?}");
-    assert!(first.release().await.expect("release"));
+    first.release().await.expect("release");
     assert!(
         c.acquire(&key, SHORT)
             .await
             .expect_err("b still shares")
             .is_timeout()
     );
-    assert!(second.release().await.expect("release"));
+    second.release().await.expect("release");
 
     let exclusive = c.acquire(&key, EVENTUALLY).await.expect("c alone");
     assert!(a.try_acquire_shared(&key).await.expect("try").is_none());
@@ -60,8 +63,14 @@ async fn sharers_coexist_and_exclude_an_exclusive_holder(holders: &[Arc<dyn Lock
             .expect_err("c excludes")
             .is_timeout()
     );
-    assert!(exclusive.release().await.expect("release"));
-    assert!(a.try_acquire_shared(&key).await.expect("try").is_some());
+    exclusive.release().await.expect("release");
+    assert!(
+        a.try_acquire_shared(&key)
+            .await
+            .expect("try")
+            .map(LockGuard::leak)
+            .is_some()
+    );
     a.release(&key).await.expect("release");
 }
 
@@ -80,23 +89,23 @@ async fn a_queued_exclusive_request_holds_back_later_sharers(holders: &[Arc<dyn 
     // Wait until b's exclusive request is queued: a later sharer is then refused.
     let mut refused = false;
     for _ in 0..500 {
-        if c.try_acquire_shared(&key).await.expect("try").is_none() {
+        let Some(probe) = c.try_acquire_shared(&key).await.expect("try") else {
             refused = true;
             break;
-        }
-        c.release(&key).await.expect("release the probe");
+        };
+        probe.release().await.expect("release the probe");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(
         refused,
         "a sharer was admitted past a queued exclusive request"
     );
-    assert!(reader.release().await.expect("release"));
+    reader.release().await.expect("release");
     let writer = writer
         .await
         .expect("join")
         .expect("b gets it once a is gone");
-    assert!(writer.release().await.expect("release"));
+    writer.release().await.expect("release");
 }
 
 #[tokio::test]
@@ -135,7 +144,7 @@ async fn pg_locks_shows_shared_locks_as_share_locks() {
         rows.iter()
             .all(|row| row.mode == "ShareLock" && row.granted)
     );
-    assert!(first.release().await.expect("release"));
-    assert!(second.release().await.expect("release"));
+    first.release().await.expect("release");
+    second.release().await.expect("release");
     assert!(lock_rows(&observer, lock_id(&key)).await.is_empty());
 }

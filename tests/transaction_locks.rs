@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::pgbouncer::{backend_pid, holders, waiters};
 use common::{observer, pool};
-use pglock::{AcquireFailure, Error, LockKey, LockManager, PostgresLockManager, TransactionLock};
+use pglock::{Error, LockKey, LockManagerExt, PostgresLockManager, TransactionLock};
 use sqlx::{Acquire, PgConnection, Row};
 use tokio::time::{Instant, timeout};
 
@@ -144,7 +144,7 @@ async fn a_connection_outside_a_transaction_is_refused() {
     for outcome in outcomes {
         let err = outcome.expect("refused");
         assert!(matches!(err, Error::NotInTransaction { .. }), "{err:?}");
-        assert_eq!(err.key(), Some(key.to_string().as_str()));
+        assert_eq!(err.key(), &key);
         assert!(err.to_string().contains("not in a transaction"), "{err}");
     }
     assert!(holders(&observer, &key).await.is_empty());
@@ -246,10 +246,7 @@ async fn a_zero_deadline_is_one_try() {
     assert!(
         matches!(
             &err,
-            Error::AcquisitionFailed {
-                reason: AcquireFailure::Timeout(timeout),
-                ..
-            } if timeout.is_zero()
+            Error::Timeout { key: k, timeout } if timeout.is_zero() && k == &key
         ),
         "{err:?}"
     );
@@ -277,11 +274,8 @@ async fn a_wait_without_deadline_obeys_the_sessions_lock_timeout() {
     assert!(
         matches!(
             &err,
-            Error::AcquisitionFailed {
-                reason: AcquireFailure::Database(message),
-                timeout: None,
-                ..
-            } if message.contains("lock timeout")
+            Error::Database { key: k, source } if k == &key
+                && source.to_string().contains("lock timeout")
         ),
         "{err:?}"
     );
@@ -303,8 +297,8 @@ async fn a_failed_transaction_is_reported() {
         .await
         .expect_err("the transaction has failed");
     assert!(
-        matches!(&err, Error::AcquisitionFailed { reason: AcquireFailure::Database(message), .. }
-            if message.contains("current transaction is aborted")),
+        matches!(&err, Error::Database { source, .. }
+            if source.to_string().contains("current transaction is aborted")),
         "{err:?}"
     );
 }

@@ -211,7 +211,7 @@ async fn a_deadline_ends_the_wait_and_leaves_the_transaction_usable() {
         .expect_err("the key is held");
     let waited = started.elapsed();
     assert!(err.is_timeout(), "{err:?}");
-    assert_eq!(err.key(), Some(key.to_string().as_str()));
+    assert_eq!(err.key(), &key);
     assert!(waited >= deadline, "gave up after {waited:?}");
     assert!(
         waited < deadline + Duration::from_secs(2),

@@ -234,7 +234,7 @@ async fn statements_that_land_on_another_server_session_take_nothing() {
         .acquire(&key("pooled-warm"), None)
         .await
         .expect("acquire");
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
     // A wait that times out leaves its (set-up) wait session with the manager, for the next.
     let mut elsewhere = observer.acquire().await.expect("checkout");
     sqlx::query("SELECT pg_advisory_lock($1)")
@@ -252,11 +252,11 @@ async fn statements_that_land_on_another_server_session_take_nothing() {
 
     // A try on the lock session runs on another server session: nothing is taken there.
     let err = locks
-        .try_lock_shared(tried.as_str())
+        .try_acquire_shared(tried.as_str())
         .await
         .expect_err("the statement ran on another server session");
     assert!(
-        matches!(&err, Error::TransactionPooling { key } if *key == tried),
+        matches!(&err, Error::TransactionPooling { key } if key == &tried),
         "{err:?}"
     );
     assert_eq!(
@@ -272,7 +272,7 @@ async fn statements_that_land_on_another_server_session_take_nothing() {
         .await
         .expect_err("the wait ran on another server session");
     assert!(
-        matches!(&err, Error::TransactionPooling { key } if *key == waited),
+        matches!(&err, Error::TransactionPooling { key } if key == &waited),
         "{err:?}"
     );
     assert_eq!(
