@@ -306,6 +306,18 @@ impl From<&String> for LockKey {
     }
 }
 
+impl From<&&str> for LockKey {
+    fn from(name: &&str) -> Self {
+        LockKey::from(*name)
+    }
+}
+
+impl From<&LockKey> for LockKey {
+    fn from(key: &LockKey) -> Self {
+        key.clone()
+    }
+}
+
 impl From<i64> for LockKey {
     fn from(id: i64) -> Self {
         LockKey::id(id)

@@ -11,7 +11,7 @@ mod common;
 use std::time::Duration;
 
 use common::{app_name, key, pool_named};
-use pglock::{Error, LockManagerExt, PostgresLockManager};
+use pglock::{Error, LockManager, LockManagerExt, PostgresLockManager};
 use sqlx::postgres::PgPoolOptions;
 use tokio::time::Instant;
 
@@ -327,5 +327,133 @@ async fn time_spent_waiting_for_the_pool_comes_off_the_server_wait() {
     );
     for guard in held {
         guard.release().await.expect("release");
+    }
+}
+
+#[tokio::test]
+async fn a_deadline_longer_than_the_pools_acquire_timeout_waits_for_a_connection_until_it() {
+    // A pool of 2 whose connections are both busy for a while, longer than the pool's own
+    // acquire timeout: an acquisition with a longer deadline waits for a connection, through
+    // as many of the pool's timeouts as it takes, and is granted once one is free.
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_millis(300))
+        .connect_with(common::options(&app_name("busy-pool")))
+        .await
+        .expect("connect");
+    let busy = [
+        pool.acquire().await.expect("busy"),
+        pool.acquire().await.expect("busy"),
+    ];
+    let locks = PostgresLockManager::new(pool);
+    let wanted = key("busy-pool");
+    let started = Instant::now();
+    let acquisition = tokio::spawn({
+        let (locks, wanted) = (locks.clone(), wanted.clone());
+        async move { locks.acquire(&wanted, Some(Duration::from_secs(20))).await }
+    });
+    // The connections stay busy for five of the pool's acquire timeouts: the scenario is time
+    // passing, so this sleep is the test's subject, not a stand-in for a signal.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !acquisition.is_finished(),
+        "the acquisition gave up before its deadline: {:?}",
+        acquisition.await
+    );
+    drop(busy);
+    let guard = tokio::time::timeout(Duration::from_secs(15), acquisition)
+        .await
+        .expect("granted once a connection is free, well before the deadline")
+        .expect("join")
+        .expect("granted, not PoolExhausted");
+    assert!(started.elapsed() >= Duration::from_millis(1500));
+    guard.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiny_deadlines_while_connections_come_and_go_end_in_a_grant_or_a_timeout() {
+    // 3 managers × 6 tasks contend for 3 keys with deadlines of 0.5 to 3 ms, on pools whose
+    // connections are recycled every 50 ms and whose lock sessions retire at once when idle,
+    // so deadlines run out while connections are being opened and set up. Every outcome must
+    // be a grant or a timeout: a deadline that ran out is never an outage.
+    let seconds: u64 = std::env::var("PGLOCK_TINY_DEADLINE_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let keys: Vec<String> = (0..3).map(|_| key("tiny-deadline")).collect();
+    let mut managers = Vec::new();
+    for i in 0..3 {
+        let app = app_name(&format!("tiny-{i}"));
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .max_lifetime(Duration::from_millis(50))
+            .connect_with(common::options(&app))
+            .await
+            .expect("connect");
+        let locks = common::manager_for(pool, &app)
+            .session_idle_timeout(Duration::ZERO)
+            .idle_sessions(0, Duration::ZERO)
+            .build();
+        managers.push((app, locks));
+    }
+    let stop = Instant::now() + Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    for (_, locks) in &managers {
+        for task in 0..6 {
+            let (locks, keys) = (locks.clone(), keys.clone());
+            tasks.push(tokio::spawn(async move {
+                let (mut granted, mut timed_out, mut other) = (0u64, 0u64, Vec::new());
+                let mut n = task as u64;
+                while Instant::now() < stop {
+                    n = n
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let deadline = Duration::from_micros(500 + (n >> 33) % 2500);
+                    let key = &keys[(n >> 20) as usize % keys.len()];
+                    match locks.acquire(key, Some(deadline)).await {
+                        Ok(guard) => {
+                            granted += 1;
+                            let _ = guard.release().await;
+                        }
+                        Err(err) if err.is_timeout() => timed_out += 1,
+                        Err(err) => other.push(err.to_string()),
+                    }
+                }
+                (granted, timed_out, other)
+            }));
+        }
+    }
+    let (mut granted, mut timed_out, mut other) = (0, 0, Vec::new());
+    for task in tasks {
+        let (g, t, o) = task.await.expect("join");
+        granted += g;
+        timed_out += t;
+        other.extend(o);
+    }
+    println!(
+        "tiny deadlines: {granted} granted, {timed_out} timed out, {} other",
+        other.len()
+    );
+    assert!(
+        other.is_empty(),
+        "{} outcomes were neither a grant nor a timeout; the first: {:?}",
+        other.len(),
+        other.first()
+    );
+    assert!(
+        granted > 0 && timed_out > 0,
+        "{granted} granted, {timed_out} timed out"
+    );
+    // Nothing leaked: every registry is empty, and the server shows no lock of theirs.
+    let observer = common::observer().await;
+    for (app, locks) in &managers {
+        common::eventually("the registry empties", || async {
+            locks.held_lock_count() == 0
+        })
+        .await;
+        common::eventually("the server holds nothing for the manager", || async {
+            common::advisory_locks_of(&observer, app).await.is_empty()
+        })
+        .await;
     }
 }
