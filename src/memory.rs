@@ -26,7 +26,7 @@ use crate::{LockKey, LockMode, LockTarget, LossCause, Result};
 /// several replicas:
 ///
 /// ```
-/// use pglock::{InMemoryLockManager, InMemoryLockServer, LockManager};
+/// use pglock::{InMemoryLockManager, InMemoryLockServer, LockManagerExt};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
 /// let server = InMemoryLockServer::new();
@@ -83,13 +83,13 @@ impl InMemoryLockManager {
     /// Returns false if this manager does not hold `key`.
     ///
     /// ```
-    /// use pglock::{InMemoryLockManager, LockManager, LossCause};
+    /// use pglock::{InMemoryLockManager, LockManagerExt, LossCause};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let locks = InMemoryLockManager::new();
     /// let guard = locks.acquire("leader:jobs", None).await.unwrap();
     /// assert!(locks.simulate_loss("leader:jobs").await);
-    /// assert_eq!(guard.lost().await, LossCause::Simulated);
+    /// assert_eq!(guard.loss_signal().lost().await, LossCause::Simulated);
     /// assert!(!locks.is_held("leader:jobs").await);
     /// assert!(guard.release().await.is_err());
     /// # }

@@ -4,7 +4,7 @@
 //!
 //! ```toml
 //! [dev-dependencies]
-//! pglock = { version = "0.1", features = ["testing"] }
+//! pglock = { version = "0.2", features = ["testing"] }
 //! ```
 //!
 //! * [`conformance`]: the contract of [`LockManager`](crate::LockManager) as executable cases.
@@ -38,7 +38,7 @@ pub use server::{TempPostgres, database_url, shared_server};
 /// Install the hook with the builders' hidden `stage_hook` method:
 ///
 /// ```
-/// use pglock::{InMemoryLockManager, LockManager};
+/// use pglock::{InMemoryLockManager, LockManager, LockManagerExt};
 /// use pglock::testing::{Stage, pause_at};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
