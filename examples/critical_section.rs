@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use pglock::{LockManager, PostgresLockManager};
+use pglock::{LockManagerExt, PostgresLockManager};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio::task::JoinSet;

@@ -26,7 +26,8 @@
 
 use std::time::Duration;
 
-use pglock::{Error, FencingTable, LockGuard, LockManager, PostgresLockManager, RowFence};
+use pglock::fence::Error as FenceError;
+use pglock::{FencingTable, LockGuard, LockManagerExt, PostgresLockManager, RowFence};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
@@ -101,7 +102,7 @@ async fn blind_write(
             .await?;
     println!("   the order is '{status}'");
     // A does learn it: the loss is reported within the probe interval.
-    let cause = tokio::time::timeout(Duration::from_secs(5), a_guard.lost()).await?;
+    let cause = tokio::time::timeout(Duration::from_secs(5), a_guard.loss_signal().lost()).await?;
     println!("   A is told its lock was lost: {cause}");
     b_guard.release().await?;
     sqlx::query("DELETE FROM pglock_example_orders WHERE id = $1")
@@ -200,7 +201,7 @@ async fn raise_before_read(
             .await;
         let ok = match written {
             Ok(()) => true,
-            Err(Error::StaleFencingToken { .. }) => false,
+            Err(FenceError::StaleToken { .. }) => false,
             Err(other) => return Err(other.into()),
         };
         accepted += i64::from(ok);
@@ -242,7 +243,7 @@ async fn finish(db: &PgPool, counter: Uuid, a: LockGuard, b: LockGuard) -> Resul
 /// Something kills the holder's session: a failover, an administrator, an idle timeout. The
 /// server frees the lock at once; the holder hears of it only at its next probe.
 async fn kill_session_of(db: &PgPool, guard: &LockGuard) -> Result<(), sqlx::Error> {
-    let (classid, objid) = pglock::split_lock_id(guard.lock_id);
+    let (classid, objid) = pglock::split_lock_id(guard.info().lock_id);
     sqlx::query(
         "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' \
          AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND granted",
@@ -256,7 +257,7 @@ async fn kill_session_of(db: &PgPool, guard: &LockGuard) -> Result<(), sqlx::Err
 }
 
 fn token(guard: &LockGuard) -> i64 {
-    guard.fencing_token.expect("fencing is on")
+    guard.info().fencing_token.expect("fencing is on")
 }
 
 fn verdict(accepted: bool) -> &'static str {

@@ -23,7 +23,8 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pglock::{Error, FencingTable, LeaderElection, Leadership, LockInfo, PostgresLockManager};
+use pglock::leader::Error;
+use pglock::{FencingTable, LeaderElection, Leadership, LockInfo, PostgresLockManager};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio::sync::mpsc;
@@ -77,7 +78,7 @@ async fn main() -> Result<(), BoxError> {
         clock.say(&format!(
             "{label} campaigns for {} as {}",
             election.key(),
-            election.holder_id().unwrap_or("?")
+            election.holder_id()
         ));
         // Narrate every change of this candidate's leadership.
         let mut state = election.subscribe();
@@ -179,10 +180,10 @@ async fn lead_when_elected(
         let job = |info| write_batches(&label, &db, run, info, clock);
         match election.run_as_leader(job).await {
             Ok(never) => match never {},
-            Err(Error::LockLost { cause, .. }) => {
+            Err(Error::Lock(pglock::Error::LockLost { cause, .. })) => {
                 clock.say(&format!("{label}: lock lost ({cause}); job cancelled"));
             }
-            Err(Error::ElectionStopped { .. }) => return Ok(()),
+            Err(Error::Stopped { .. }) => return Ok(()),
             Err(other) => return Err(other),
         }
     }

@@ -30,11 +30,12 @@ impl ProjectionRebuilder {
     /// Rebuilds `projection` if no one else is; returns whether this replica did it.
     async fn rebuild_if_free(&self, projection: &str) -> pglock::Result<bool> {
         let key = format!("rebuild:{projection}");
-        let Some(info) = self.locks.try_acquire(&key).await? else {
+        // The guard releases the lock when dropped; releasing it explicitly confirms it.
+        let Some(guard) = self.locks.try_acquire(&key).await? else {
             return Ok(false);
         };
-        println!("  rebuilding {projection} as {:?}", info.holder_id);
-        self.locks.release(&key).await?;
+        println!("  rebuilding {projection} as {}", guard.info().holder_id);
+        guard.release().await?;
         Ok(true)
     }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::cli::{Lines, exit_code, output, pglock, pglock_on_db, signal, stderr, stdout};
 use common::{app_name, eventually, key, lock_rows, observer};
 use pglock::inspect::Inspector;
-use pglock::{LockManager, lock_id, split_lock_id};
+use pglock::{LockManagerExt, lock_id, split_lock_id};
 use serde_json::Value;
 
 /// Runs the command against the test database.
@@ -172,9 +172,9 @@ async fn holders_shows_the_holder_and_its_waiters() {
     assert_eq!(json["key"], key.as_str());
     assert_eq!(json["holders"][0]["pid"], holder_pid);
 
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
     let next = waiting.await.expect("join").expect("the waiter takes it");
-    assert!(next.release().await.expect("release"));
+    next.release().await.expect("release");
 
     let output = tokio::task::spawn_blocking({
         let key = key.clone();
@@ -405,7 +405,7 @@ async fn the_exit_status_says_held_or_free_and_filters_pick_sessions() {
         "no advisory lock held or awaited by a matching session\n"
     );
 
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
     assert_eq!(run(args(&[])).await.status.code(), Some(3), "free again");
 }
 
@@ -426,7 +426,7 @@ async fn watch_follows_the_lock_until_interrupted() {
     };
     let first = lines.next().expect("a first look");
     assert_eq!(holders(&first), 1, "{first}");
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
     lines.until("a look that finds the lock free", |line| holders(line) == 0);
     signal(&watcher, rustix::process::Signal::TERM);
     assert_eq!(exit_code(watcher).await, Some(3), "the last look was free");
@@ -446,5 +446,5 @@ async fn watch_follows_the_lock_until_interrupted() {
     lines.until("the holder's row", |line| line.contains(&app));
     signal(&watcher, rustix::process::Signal::INT);
     assert_eq!(exit_code(watcher).await, Some(0), "the last look was held");
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
 }

@@ -9,7 +9,7 @@ use std::process::{Child, Stdio};
 
 use common::cli::{Lines, exit_code, output, pglock_on_db, signal, stderr, stdout};
 use common::{app_name, eventually, key, lock_rows, observer};
-use pglock::{LockManager, PostgresLockManager, lock_id};
+use pglock::{LockManagerExt, PostgresLockManager, lock_id};
 use rustix::process::Signal;
 use sqlx::PgPool;
 
@@ -130,7 +130,7 @@ async fn a_held_lock_is_exit_75_with_no_wait_or_after_the_timeout() {
         lock_rows(&observer, lock_id(&key)).await.len() == 2
     })
     .await;
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
     assert_eq!(Lines::stdout(&mut waiting).next().as_deref(), Some("ran"));
     assert_eq!(exit_code(waiting).await, Some(0));
 }
@@ -238,7 +238,7 @@ async fn shared_runs_share_the_lock_and_an_exclusive_holder_excludes_them() {
     let out = output(pglock_on_db(&["run", &key, "-n", "--", "echo", "ran"])).await;
     assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
     assert!(out.stdout.is_empty(), "the command did not run");
-    assert!(shared.release().await.expect("release"));
+    shared.release().await.expect("release");
 
     // Under an exclusive holder, a shared run is refused too.
     let guard = sharer
@@ -250,6 +250,6 @@ async fn shared_runs_share_the_lock_and_an_exclusive_holder_excludes_them() {
     ]))
     .await;
     assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
     assert_free(&observer, &key).await;
 }

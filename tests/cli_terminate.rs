@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::cli::{output, pglock_on_db, stderr, stdout};
 use common::{app_name, eventually, key, lock_rows, observer};
-use pglock::{LockGuard, LockManager, LossCause, PostgresLockManager, lock_id};
+use pglock::{LockGuard, LockManagerExt, LossCause, PostgresLockManager, lock_id};
 use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
 
 /// A pseudo-terminal: the command reads the slave as its stdin, the test types into the master.
@@ -91,7 +91,7 @@ async fn it_refuses_without_a_terminal_or_yes_and_asks_at_a_terminal() {
         assert!(said.contains("Terminate 1 session(s) above"), "{said}");
         assert!(out.stdout.is_empty());
     }
-    assert!(!guard.is_lost());
+    assert!(!guard.loss_signal().is_lost());
     assert_eq!(
         lock_rows(&observer, lock_id(&key)).await.len(),
         1,
@@ -108,7 +108,7 @@ async fn it_refuses_without_a_terminal_or_yes_and_asks_at_a_terminal() {
         .and_then(|rest| rest.trim().parse::<i32>().ok())
         .expect("the terminated pid");
     assert!(pid > 0);
-    let cause = tokio::time::timeout(Duration::from_secs(10), guard.lost())
+    let cause = tokio::time::timeout(Duration::from_secs(10), guard.loss_signal().lost())
         .await
         .expect("the holder learns of it");
     assert_eq!(cause, LossCause::NotOnServer);
@@ -146,19 +146,19 @@ async fn yes_ends_only_matching_holders_of_that_lock() {
         assert_eq!(out.status.code(), Some(3), "{filters:?}: {}", stderr(&out));
         assert!(stderr(&out).contains("nothing to terminate"));
     }
-    assert!(!guard.is_lost());
+    assert!(!guard.loss_signal().is_lost());
 
     // Unfiltered: every holder of the lock, and only holders.
     let out = output(pglock_on_db(&["terminate", &key, "--yes"])).await;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    tokio::time::timeout(Duration::from_secs(10), guard.lost())
+    tokio::time::timeout(Duration::from_secs(10), guard.loss_signal().lost())
         .await
         .expect("the holder was ended");
     // The waiter got the lock; the other lock's holder never noticed anything.
     let next = waiting.await.expect("join").expect("the waiter takes over");
-    assert!(!next.is_lost() && !other.is_lost());
-    assert!(next.release().await.expect("release"));
-    assert!(other.release().await.expect("release"));
+    assert!(!next.loss_signal().is_lost() && !other.loss_signal().is_lost());
+    next.release().await.expect("release");
+    other.release().await.expect("release");
 
     // A free lock: nothing to terminate.
     let out = output(pglock_on_db(&["terminate", &key, "--yes"])).await;

@@ -23,7 +23,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use pglock::{Error, FencingTable, LockManager, PostgresLockManager, RowFence, lock_id};
+use pglock::fence::Error as FenceError;
+use pglock::{FencingTable, LockManagerExt, PostgresLockManager, RowFence, lock_id};
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
@@ -234,7 +235,7 @@ async fn increment(
     else {
         return Outcome::Failed;
     };
-    let token = guard.fencing_token.expect("fencing is on");
+    let token = guard.info().fencing_token.expect("fencing is on");
     let row = spec.rows[counter];
     let outcome = match spec.pattern {
         Pattern::RaiseBeforeRead => raise_before_read(resource, &spec.table, row, token).await,
@@ -249,13 +250,13 @@ async fn raise_before_read(resource: &PgPool, table: &str, row: Uuid, token: i64
     let fence = counter_fence(table);
     let (value,): (i64,) = match fence.raise(resource, row, token).await {
         Ok(read) => read,
-        Err(Error::StaleFencingToken { .. }) => return Outcome::Refused,
+        Err(FenceError::StaleToken { .. }) => return Outcome::Refused,
         Err(err) => panic!("raise: {err}"),
     };
     tokio::time::sleep(COMPUTE).await;
     match fence.write(resource, row, token, "value", value + 1).await {
         Ok(()) => Outcome::Accepted,
-        Err(Error::StaleFencingToken { .. }) => Outcome::Refused,
+        Err(FenceError::StaleToken { .. }) => Outcome::Refused,
         Err(err) => panic!("write: {err}"),
     }
 }
@@ -723,12 +724,12 @@ impl Fixture {
         }
     }
 
-    async fn raise(&self, row: Uuid, token: i64) -> pglock::Result<i64> {
+    async fn raise(&self, row: Uuid, token: i64) -> pglock::fence::Result<i64> {
         let (value,): (i64,) = self.fence.raise(&self.db, row, token).await?;
         Ok(value)
     }
 
-    async fn write(&self, row: Uuid, token: i64, value: i64) -> pglock::Result<()> {
+    async fn write(&self, row: Uuid, token: i64, value: i64) -> pglock::fence::Result<()> {
         self.fence.write(&self.db, row, token, "value", value).await
     }
 
@@ -763,7 +764,7 @@ async fn a_raised_fence_refuses_lower_tokens() {
     assert_eq!(f.raise(f.row, new).await.unwrap(), 11);
     let stale = f.write(f.row, old, 99).await.unwrap_err();
     assert!(
-        matches!(&stale, Error::StaleFencingToken { token, fence, .. } if (*token, *fence) == (old, new)),
+        matches!(&stale, FenceError::StaleToken { token, fence, .. } if (*token, *fence) == (old, new)),
         "{stale:?}"
     );
     assert_eq!(
@@ -774,10 +775,7 @@ async fn a_raised_fence_refuses_lower_tokens() {
         )
     );
     let stale = f.raise(f.row, old).await.unwrap_err();
-    assert!(
-        matches!(stale, Error::StaleFencingToken { .. }),
-        "{stale:?}"
-    );
+    assert!(matches!(stale, FenceError::StaleToken { .. }), "{stale:?}");
     // The same token raises again (a retry, the same holder's next update), and writes.
     assert_eq!(f.raise(f.row, new).await.unwrap(), 11);
     f.write(f.row, new, 12).await.unwrap();
@@ -793,12 +791,12 @@ async fn a_write_needs_a_raise_with_its_own_token() {
     // Refused whether the token is higher than the fence or the row was never fenced.
     let err = f.write(f.row, newer, 0).await.unwrap_err();
     assert!(
-        matches!(err, Error::FenceNotRaised { fence: Some(fence), .. } if fence == new),
+        matches!(err, FenceError::NotRaised { fence: Some(fence), .. } if fence == new),
         "{err:?}"
     );
     let err = f.write(f.fresh, new, 0).await.unwrap_err();
     assert!(
-        matches!(err, Error::FenceNotRaised { fence: None, .. }),
+        matches!(err, FenceError::NotRaised { fence: None, .. }),
         "{err:?}"
     );
     assert_eq!(f.stored(f.row).await, (10, Some(new)));
@@ -822,27 +820,27 @@ async fn missing_rows_bad_columns_and_bad_types_are_typed_errors() {
     let token = f.tokens[0];
     let missing = Uuid::new_v4();
     let err = f.raise(missing, token).await.unwrap_err();
-    assert!(matches!(err, Error::FencedRowNotFound { .. }), "{err:?}");
+    assert!(matches!(err, FenceError::RowNotFound { .. }), "{err:?}");
     let err = f.write(missing, token, 1).await.unwrap_err();
-    assert!(matches!(err, Error::FencedRowNotFound { .. }), "{err:?}");
+    assert!(matches!(err, FenceError::RowNotFound { .. }), "{err:?}");
     let err = f
         .fence
         .write(&f.db, f.row, token, "no_such_column", 1_i64)
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::FencingFailed { .. }), "{err:?}");
+    assert!(matches!(err, FenceError::Failed { .. }), "{err:?}");
     let err = f
         .fence
         .write(&f.db, f.row, token, "", 1_i64)
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::InvalidIdentifier { .. }), "{err:?}");
+    assert!(matches!(err, FenceError::InvalidIdentifier(_)), "{err:?}");
     let err = f
         .fence
         .raise::<_, _, (String,)>(&f.db, f.row, token)
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::FencingFailed { .. }), "{err:?}");
+    assert!(matches!(err, FenceError::Failed { .. }), "{err:?}");
     f.drop_table().await;
 }
 
@@ -856,8 +854,8 @@ async fn three_tokens() -> [i64; 3] {
     let mut tokens = [0; 3];
     for token in &mut tokens {
         let guard = locks.acquire(&key, None).await.expect("acquire");
-        *token = guard.fencing_token.expect("fencing is on");
-        assert!(guard.release().await.expect("release"));
+        *token = guard.info().fencing_token.expect("fencing is on");
+        guard.release().await.expect("release");
     }
     assert!(tokens[0] < tokens[1] && tokens[1] < tokens[2], "{tokens:?}");
     sqlx::query(AssertSqlSafe(format!("DROP TABLE \"{fencing_table}\"")))

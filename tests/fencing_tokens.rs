@@ -10,7 +10,8 @@ use common::stages::StageCounts;
 use common::{app_name, eventually_waiting, key, lock_rows, observer, pool_named};
 use pglock::testing::{Stage, TempPostgres};
 use pglock::{
-    Error, FencingTable, InMemoryLockManager, LockManager, LossCause, PostgresLockManager, lock_id,
+    Error, FencingTable, InMemoryLockManager, LockGuard, LockManagerExt, LossCause,
+    PostgresLockManager, lock_id,
 };
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -57,25 +58,30 @@ async fn tokens_increase_with_every_acquisition_of_a_key() {
     let mut tokens = Vec::new();
     for round in 0..3 {
         let guard = a.acquire(&key, BOUND).await.expect("acquire");
-        tokens.push(guard.fencing_token.expect("fencing is on"));
-        assert!(guard.release().await.expect("release"));
-        let info = b.try_acquire(&key).await.expect("try").expect("free");
+        tokens.push(guard.info().fencing_token.expect("fencing is on"));
+        guard.release().await.expect("release");
+        let info = b
+            .try_acquire(&key)
+            .await
+            .expect("try")
+            .map(LockGuard::leak)
+            .expect("free");
         tokens.push(info.fencing_token.expect("fencing is on"));
         b.release(&key).await.expect("release");
         let shared = a.acquire_shared(&key, BOUND).await.expect("shared");
-        tokens.push(shared.fencing_token.expect("fencing is on"));
-        assert!(shared.release().await.expect("release"));
+        tokens.push(shared.info().fencing_token.expect("fencing is on"));
+        shared.release().await.expect("release");
         // Another key's tokens are its own.
         let unrelated = b.acquire(&other, None).await.expect("acquire");
-        assert_eq!(unrelated.fencing_token, Some(base + round + 1));
-        assert!(unrelated.release().await.expect("release"));
+        assert_eq!(unrelated.info().fencing_token, Some(base + round + 1));
+        unrelated.release().await.expect("release");
     }
     assert_eq!(tokens, (base + 1..=base + 9).collect::<Vec<i64>>());
     // A manager built later (an application restart) continues where they left off.
     let restarted = fenced(pool_named(2, &app_name("fence-restart")).await, &table);
     let guard = restarted.acquire(&key, BOUND).await.expect("acquire");
-    assert_eq!(guard.fencing_token, Some(base + 10));
-    assert!(guard.release().await.expect("release"));
+    assert_eq!(guard.info().fencing_token, Some(base + 10));
+    guard.release().await.expect("release");
 }
 
 #[tokio::test]
@@ -98,11 +104,11 @@ async fn a_wait_on_the_server_mints_too() {
             .any(|r| !r.granted)
     })
     .await;
-    assert_eq!(held.fencing_token, Some(base + 1));
-    assert!(held.release().await.expect("release"));
+    assert_eq!(held.info().fencing_token, Some(base + 1));
+    held.release().await.expect("release");
     let granted = waiting.await.expect("join").expect("granted");
-    assert_eq!(granted.fencing_token, Some(base + 2));
-    assert!(granted.release().await.expect("release"));
+    assert_eq!(granted.info().fencing_token, Some(base + 2));
+    granted.release().await.expect("release");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -122,10 +128,10 @@ async fn tokens_keep_increasing_across_in_process_handoffs() {
             for _ in 0..25 {
                 let guard = locks.acquire(&key, BOUND).await.expect("acquire");
                 // Sent while held, so the channel's order is the order of the holds.
-                tx.send(guard.fencing_token.expect("fencing is on"))
+                tx.send(guard.info().fencing_token.expect("fencing is on"))
                     .expect("send");
                 tokio::task::yield_now().await;
-                assert!(guard.release().await.expect("release"));
+                guard.release().await.expect("release");
             }
         }));
     }
@@ -165,15 +171,15 @@ async fn tokens_keep_increasing_across_handoffs_of_a_lock_won_by_a_wait() {
         .acquire(&key, BOUND)
         .await
         .expect("acquire elsewhere");
-    let held_token = first.fencing_token.expect("fencing is on");
+    let held_token = first.info().fencing_token.expect("fencing is on");
     let observer = observer().await;
     let mut tasks = Vec::new();
     for _ in 0..2 {
         let (locks, key) = (locks.clone(), key.clone());
         tasks.push(tokio::spawn(async move {
             let guard = locks.acquire(&key, BOUND).await.expect("acquire");
-            let token = guard.fencing_token.expect("fencing is on");
-            assert!(guard.release().await.expect("release"));
+            let token = guard.info().fencing_token.expect("fencing is on");
+            guard.release().await.expect("release");
             token
         }));
     }
@@ -181,7 +187,7 @@ async fn tokens_keep_increasing_across_handoffs_of_a_lock_won_by_a_wait() {
     // the first of them waits on the server.
     stages.wait_for(Stage::Turn, &key, 2).await;
     eventually_waiting("a waiter on the server", &observer, &key).await;
-    assert!(first.release().await.expect("release"));
+    first.release().await.expect("release");
     let mut tokens = Vec::new();
     for task in tasks {
         let token = tokio::time::timeout(Duration::from_secs(30), task)
@@ -212,8 +218,8 @@ async fn tokens_survive_a_server_restart() {
     let key = key("fence-restart");
     for expected in 1..=3 {
         let guard = locks.acquire(&key, BOUND).await.expect("acquire");
-        assert_eq!(guard.fencing_token, Some(base + expected));
-        assert!(guard.release().await.expect("release"));
+        assert_eq!(guard.info().fencing_token, Some(base + expected));
+        guard.release().await.expect("release");
     }
     server.stop().expect("stop");
     server.start_again().expect("start");
@@ -222,11 +228,11 @@ async fn tokens_survive_a_server_restart() {
         .await
         .expect("acquire after the restart");
     assert_eq!(
-        guard.fencing_token,
+        guard.info().fencing_token,
         Some(base + 4),
         "the counter outlived the restart"
     );
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
 }
 
 /// The resource side of fencing: a write is accepted only with a token at least as high as the
@@ -268,7 +274,7 @@ async fn a_holder_that_lost_its_lock_cannot_overwrite_its_successor() {
     let b = fenced(pool_named(2, &app_name("fence-b")).await, &table);
     let key = key("fence-resource");
     let a_guard = a.acquire(&key, BOUND).await.expect("A acquires");
-    let a_token = a_guard.fencing_token.expect("token");
+    let a_token = a_guard.info().fencing_token.expect("token");
     assert!(fenced_write(&db, row, a_token, "A's first write").await);
 
     // A's session is killed behind its back (think: a long GC pause, a partition).
@@ -283,7 +289,7 @@ async fn a_holder_that_lost_its_lock_cannot_overwrite_its_successor() {
         .acquire(&key, Some(Duration::from_secs(10)))
         .await
         .expect("B takes the freed lock");
-    let b_token = b_guard.fencing_token.expect("token");
+    let b_token = b_guard.info().fencing_token.expect("token");
     assert!(b_token > a_token);
     assert!(fenced_write(&db, row, b_token, "B's write").await);
 
@@ -298,7 +304,7 @@ async fn a_holder_that_lost_its_lock_cannot_overwrite_its_successor() {
     assert_eq!(data, "B's write");
     // And A is told, too.
     assert_eq!(
-        tokio::time::timeout(Duration::from_secs(5), a_guard.lost())
+        tokio::time::timeout(Duration::from_secs(5), a_guard.loss_signal().lost())
             .await
             .expect("A learns it lost the lock"),
         LossCause::NotOnServer
@@ -307,7 +313,7 @@ async fn a_holder_that_lost_its_lock_cannot_overwrite_its_successor() {
         a_guard.release().await,
         Err(Error::LockLost { .. })
     ));
-    assert!(b_guard.release().await.expect("release"));
+    b_guard.release().await.expect("release");
 }
 
 #[tokio::test]
@@ -331,12 +337,12 @@ async fn minting_adds_no_round_trip() {
             // Warm up: table creation, statement preparation.
             for _ in 0..3 {
                 let guard = locks.acquire(&key, BOUND).await.expect("acquire");
-                assert!(guard.release().await.expect("release"));
+                guard.release().await.expect("release");
             }
             let before = proxy.client_writes();
             for _ in 0..20 {
                 let guard = locks.acquire(&key, BOUND).await.expect("acquire");
-                assert!(guard.release().await.expect("release"));
+                guard.release().await.expect("release");
             }
             proxy.client_writes() - before
         }
@@ -361,12 +367,10 @@ async fn concurrent_managers_create_one_table_without_error() {
         }));
     }
     for handle in handles {
-        assert!(
-            handle
-                .await
-                .expect("join")
-                .expect("each manager created or found the table")
-        );
+        handle
+            .await
+            .expect("join")
+            .expect("each manager created or found the table");
     }
     let db = pool_named(1, &app_name("check")).await;
     let name = table.to_string();
@@ -388,8 +392,8 @@ async fn the_in_memory_manager_mints_per_server() {
     for _ in 0..3 {
         for locks in [&a, &b] {
             let guard = locks.acquire(&key, BOUND).await.expect("acquire");
-            tokens.push(guard.fencing_token.expect("always minted"));
-            assert!(guard.release().await.expect("release"));
+            tokens.push(guard.info().fencing_token.expect("always minted"));
+            guard.release().await.expect("release");
         }
     }
     assert_eq!(tokens, (1..=6).collect::<Vec<i64>>());
@@ -414,7 +418,7 @@ async fn sessions_carry_the_holder_id_while_used_and_their_own_name_after() {
             .await
             .expect("query");
     assert_eq!(name, "pglock:orders-worker-7 ?", "printable ASCII only");
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
     // Back in the pool, the connection has its own name again.
     common::eventually("the pooled connection's name is restored", || async {
         let name: Option<String> =
@@ -439,7 +443,7 @@ async fn sessions_carry_the_holder_id_while_used_and_their_own_name_after() {
             .await
             .expect("query");
     assert_eq!(name, app);
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
 }
 
 #[tokio::test]

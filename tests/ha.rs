@@ -31,10 +31,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::key;
+use pglock::leader::Error as LeaderError;
 use pglock::testing::TempPostgres;
 use pglock::{
-    Error, FencingTable, LeaderElection, LockGuard, LockInfo, LockManager, LossCause,
-    PostgresLockManager, lock_id,
+    Error, FencingTable, LeaderElection, LockGuard, LockInfo, LockManager, LockManagerExt,
+    LossCause, PostgresLockManager, lock_id,
 };
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -269,7 +270,7 @@ impl FencedLog {
 
 async fn write_while_leading(log: Arc<FencedLog>, info: LockInfo) -> Infallible {
     let token = info.fencing_token.expect("fencing is on");
-    let candidate = info.holder_id.expect("a holder id");
+    let candidate = info.holder_id;
     loop {
         log.write(token, &candidate);
         tokio::time::sleep(WRITE_PAUSE).await;
@@ -285,7 +286,7 @@ async fn candidate_loop(
     log: Arc<FencedLog>,
     losses: mpsc::UnboundedSender<Loss>,
 ) {
-    let me = election.holder_id().expect("a holder id").to_owned();
+    let me = election.holder_id().to_owned();
     loop {
         let mut term = None;
         let work = |info: LockInfo| {
@@ -294,11 +295,11 @@ async fn candidate_loop(
         };
         match election.run_as_leader(work).await {
             Ok(never) => match never {},
-            Err(Error::LockLost { cause, .. }) => {
+            Err(LeaderError::Lock(Error::LockLost { cause, .. })) => {
                 let token = term.expect("a term that was lost had started");
                 let _ = losses.send((token, cause, Instant::now()));
             }
-            Err(Error::ElectionStopped { .. }) => return,
+            Err(LeaderError::Stopped { .. }) => return,
             Err(other) => panic!("unexpected end of a term of {me}: {other}"),
         }
     }
@@ -363,7 +364,7 @@ async fn locks_on_the_standby_are_refused(standby: &TempPostgres) {
         for outcome in outcomes {
             match outcome {
                 Some(err @ Error::Standby { .. }) => {
-                    assert_eq!(err.key(), Some(key.as_str()));
+                    assert_eq!(err.key(), key.as_str());
                     let message = err.to_string();
                     assert!(
                         message.contains("standby") && message.contains("primary"),
@@ -429,7 +430,7 @@ async fn a_standby_allowed_on_purpose_grants_what_the_primary_holds(
     let deadline = Instant::now() + BOUND;
     while probes.len() < 3 {
         assert!(
-            !also_held.is_lost(),
+            !also_held.loss_signal().is_lost(),
             "a lock on a standby the manager may use is declared lost ({:?}) while the standby \
              holds it",
             also_held.loss_signal().cause()
@@ -451,11 +452,11 @@ async fn a_standby_allowed_on_purpose_grants_what_the_primary_holds(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(
-        !also_held.is_lost(),
+        !also_held.loss_signal().is_lost(),
         "a lock on a standby the manager may use is not lost: {:?}",
         also_held.loss_signal().cause()
     );
-    assert!(!held.is_lost());
+    assert!(!held.loss_signal().is_lost());
     // Fencing needs the primary: a standby cannot store a token.
     let allowed_fenced = PostgresLockManager::builder(admin(standby).await)
         .allow_standby(true)
@@ -466,8 +467,8 @@ async fn a_standby_allowed_on_purpose_grants_what_the_primary_holds(
         .await
         .expect_err("no token on a standby");
     assert!(refused.to_string().contains("read-only"), "{refused}");
-    assert!(also_held.release().await.expect("release on the standby"));
-    assert!(held.release().await.expect("release on the primary"));
+    also_held.release().await.expect("release on the standby");
+    held.release().await.expect("release on the primary");
 }
 
 /// Behind an endpoint that moves to the standby and back (a DNS name or a proxy caught in the
@@ -522,7 +523,7 @@ async fn an_endpoint_that_moves_to_the_standby_gets_no_lock_there(
             Ok(guard) => panic!(
                 "attempt {attempt}: granted on the standby while the primary's holder has it \
                  (token {:?})",
-                guard.fencing_token
+                guard.info().fencing_token
             ),
             Err(other) => panic!("attempt {attempt}: expected Error::Standby, got {other}"),
         }
@@ -540,7 +541,7 @@ async fn an_endpoint_that_moves_to_the_standby_gets_no_lock_there(
     .await
     .expect("end the monitor's connection");
     assert_eq!(terminated, [true], "one monitor connection, ended");
-    let cause = timeout(Duration::from_secs(5), on_primary.lost())
+    let cause = timeout(Duration::from_secs(5), on_primary.loss_signal().lost())
         .await
         .expect("the monitor, now on a standby, reports the lock lost");
     assert_eq!(cause, LossCause::NotOnServer);
@@ -563,13 +564,13 @@ async fn an_endpoint_that_moves_to_the_standby_gets_no_lock_there(
         .acquire(&fresh, Some(Duration::from_secs(2)))
         .await
         .expect("back on the primary, the first acquisition works");
-    assert!(guard.release().await.expect("release"));
-    assert!(holder_guard.release().await.expect("release"));
+    guard.release().await.expect("release");
+    holder_guard.release().await.expect("release");
     let guard = moving
         .acquire(&held, Some(Duration::from_secs(2)))
         .await
         .expect("back on the primary, the contended key is granted");
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
     assert!(matches!(
         on_primary.release().await,
         Err(Error::LockLost {
@@ -597,7 +598,7 @@ async fn failover(
     // Every token handed out before the failover, by key.
     let mut before: HashMap<String, Vec<i64>> = HashMap::new();
     let note = |before: &mut HashMap<String, Vec<i64>>, key: &str, guard: &LockGuard| {
-        let token = guard.fencing_token.expect("fencing is on");
+        let token = guard.info().fencing_token.expect("fencing is on");
         before.entry(key.to_owned()).or_default().push(token);
     };
 
@@ -621,7 +622,7 @@ async fn failover(
             .then_some(())
     })
     .await;
-    assert!(first_holder.release().await.expect("release"));
+    first_holder.release().await.expect("release");
     let guard_b1 = timeout(BOUND, waiter)
         .await
         .expect("B's wait ends")
@@ -661,7 +662,7 @@ async fn failover(
     for _ in 0..5 {
         let guard = minter.acquire(&token_key, wait).await.expect("acquire");
         note(&mut before, &token_key, &guard);
-        assert!(guard.release().await.expect("release"));
+        guard.release().await.expect("release");
     }
     let lsn: String = scalar(&on_primary, "SELECT pg_current_wal_lsn()::text").await;
     poll("the standby has replayed everything so far", || async {
@@ -694,7 +695,7 @@ async fn failover(
     for _ in 0..5 {
         let guard = minter.acquire(&token_key, wait).await.expect("acquire");
         note(&mut before, &token_key, &guard);
-        assert!(guard.release().await.expect("release"));
+        guard.release().await.expect("release");
     }
     let mut leader = first_leader;
     for _ in 0..2 {
@@ -825,7 +826,7 @@ async fn failover(
         .acquire(&token_key, wait)
         .await
         .expect("acquire on the promoted server");
-    let token = guard.fencing_token.expect("fencing is on");
+    let token = guard.info().fencing_token.expect("fencing is on");
     println!(
         "ha: first token of {token_key} after the failover: {token} (before: up to \
          {unreplicated}); first acquisition {:?} after the kill",
@@ -835,7 +836,7 @@ async fn failover(
         token > highest_before,
         "token {token} after the failover, not above the {unreplicated} handed out before"
     );
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
     // The holders take their keys again on the new primary.
     let again = [
         (&a1, holder_a.acquire(&a1, wait).await),
@@ -844,13 +845,13 @@ async fn failover(
     ];
     for (key, acquired) in again {
         let guard = acquired.unwrap_or_else(|err| panic!("{key} on the new primary: {err}"));
-        let token = guard.fencing_token.expect("fencing is on");
+        let token = guard.info().fencing_token.expect("fencing is on");
         assert!(
             before[key.as_str()].iter().all(|old| token > *old),
             "{key}: token {token} after {:?}",
             before[key.as_str()]
         );
-        assert!(guard.release().await.expect("release"));
+        guard.release().await.expect("release");
     }
 
     // A new leader writes: its token is above the last term's, which the promoted server
@@ -982,12 +983,12 @@ async fn a_crash_with_asynchronous_commits_hands_out_no_token_twice() {
         // Tokens minted on a lock session...
         for _ in 0..20 {
             let guard = locks.acquire(&key, wait).await.expect("acquire");
-            handed_out.push(guard.fencing_token.expect("fencing is on"));
-            assert!(guard.release().await.expect("release"));
+            handed_out.push(guard.info().fencing_token.expect("fencing is on"));
+            guard.release().await.expect("release");
         }
         // ... and by a wait in the server's queue.
         let held = other.acquire(&key, wait).await.expect("acquire");
-        handed_out.push(held.fencing_token.expect("fencing is on"));
+        handed_out.push(held.info().fencing_token.expect("fencing is on"));
         let waiting = tokio::spawn({
             let (locks, key) = (locks.clone(), key.clone());
             async move { locks.acquire(&key, Some(Duration::from_secs(10))).await }
@@ -1000,13 +1001,13 @@ async fn a_crash_with_asynchronous_commits_hands_out_no_token_twice() {
                 .then_some(())
         })
         .await;
-        assert!(held.release().await.expect("release"));
+        held.release().await.expect("release");
         let waited = timeout(BOUND, waiting)
             .await
             .expect("the wait ends")
             .expect("join")
             .expect("granted");
-        handed_out.push(waited.fencing_token.expect("fencing is on"));
+        handed_out.push(waited.info().fencing_token.expect("fencing is on"));
         // The witness: an asynchronous commit after the last token.
         sqlx::query("INSERT INTO crash_witness VALUES ($1)")
             .bind(cycle)
@@ -1029,7 +1030,7 @@ async fn a_crash_with_asynchronous_commits_hands_out_no_token_twice() {
             .acquire(&key, wait)
             .await
             .expect("acquire after the restart");
-        let token = guard.fencing_token.expect("fencing is on");
+        let token = guard.info().fencing_token.expect("fencing is on");
         let highest = handed_out.iter().copied().max().expect("tokens");
         println!(
             "ha: crash {}: {} tokens handed out, the highest {highest}; after the restart \
@@ -1043,7 +1044,7 @@ async fn a_crash_with_asynchronous_commits_hands_out_no_token_twice() {
             "token {token} after the crash, but {highest} had been handed out"
         );
         handed_out.push(token);
-        assert!(guard.release().await.expect("release"));
+        guard.release().await.expect("release");
         if !witnessed {
             witnesses_lost += 1;
             break;

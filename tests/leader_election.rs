@@ -14,10 +14,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use common::{app_name, lock_rows, observer, pool_named};
+use pglock::leader::Error as LeaderError;
 use pglock::testing::{Stage, pause_at};
 use pglock::{
-    Error, FencingTable, InMemoryLockManager, InMemoryLockServer, LeaderElection, Leadership,
-    LockGuard, LockInfo, LockKey, LockManager, LockMode, LossCause, PostgresLockManager, lock_id,
+    AcquireOptions, Error, FencingTable, InMemoryLockManager, InMemoryLockServer, LeaderElection,
+    Leadership, LockGuard, LockInfo, LockKey, LockManager, LockManagerExt, LossCause,
+    PostgresLockManager, lock_id,
 };
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
@@ -129,8 +131,8 @@ async fn exactly_one_candidate_leads_and_keeps_leading() {
     let id = ["a", "b", "c"][leader];
     assert_eq!(info.key, "leader:jobs");
     assert_eq!(info.lock_id, lock_id("leader:jobs"));
-    assert_eq!(info.holder_id.as_deref(), Some(id));
-    assert_eq!(candidates[leader].election.holder_id(), Some(id));
+    assert_eq!(&*info.holder_id, id);
+    assert_eq!(candidates[leader].election.holder_id(), id);
     assert_eq!(info.fencing_token, Some(1));
     assert_eq!(
         *candidates[leader].election.subscribe().borrow(),
@@ -187,7 +189,7 @@ async fn a_lost_leader_steps_down_at_once_and_its_work_is_cancelled() {
     let lost_at = Instant::now();
     assert!(candidates[leader].locks.simulate_loss("leader:loss").await);
     match within("the work ends", work).await.expect("join") {
-        Err(Error::LockLost { key, cause }) => {
+        Err(LeaderError::Lock(Error::LockLost { key, cause })) => {
             assert_eq!(key, "leader:loss");
             assert_eq!(cause, LossCause::Simulated);
         }
@@ -215,7 +217,7 @@ async fn a_lost_leader_steps_down_at_once_and_its_work_is_cancelled() {
         failover <= longest_wait(),
         "took over after {failover:?}, more than one retry interval with jitter"
     );
-    assert_eq!(next.holder_id.as_deref(), Some(["a", "b"][follower]));
+    assert_eq!(&*next.holder_id, ["a", "b"][follower]);
     assert_eq!(next.fencing_token, Some(2));
     assert!(!candidates[leader].election.is_leader());
     // The deposed candidate campaigns again, and loses while the other leads.
@@ -259,7 +261,7 @@ async fn resign_cancels_the_work_then_releases_and_hands_over() {
     assert_eq!(*dropped_holding.lock().unwrap(), Some(1));
     assert!(matches!(
         within("the work ends", work).await.expect("join"),
-        Err(Error::ElectionStopped { key }) if key == "leader:resign"
+        Err(LeaderError::Stopped { key }) if key == "leader:resign"
     ));
     assert_eq!(*state.borrow_and_update(), Leadership::Follower);
     assert!(
@@ -288,11 +290,11 @@ async fn resign_cancels_the_work_then_releases_and_hands_over() {
     );
     assert!(matches!(
         within("leadership", resigned.wait_for_leadership()).await,
-        Err(Error::ElectionStopped { .. })
+        Err(LeaderError::Stopped { .. })
     ));
     assert!(matches!(
         resigned.run_as_leader(|_| async {}).await,
-        Err(Error::ElectionStopped { .. })
+        Err(LeaderError::Stopped { .. })
     ));
     tokio::time::sleep(RETRY * 3).await;
     assert_eq!(leaders(&candidates), [follower]);
@@ -330,7 +332,7 @@ async fn dropping_the_handle_stops_the_campaign_and_releases() {
         .await
         .expect("takes over");
     assert!(dropped_at.elapsed() <= longest_wait());
-    assert_eq!(next.holder_id.as_deref(), Some("b"));
+    assert_eq!(&*next.holder_id, "b");
 }
 
 #[tokio::test(start_paused = true)]
@@ -340,36 +342,59 @@ async fn a_lock_released_through_the_manager_ends_the_term() {
         candidate(&server, "a", "released"),
         candidate(&server, "b", "released"),
     ];
-    let (leader, _) = first_leader(&candidates).await;
-    let (started_tx, started_rx) = oneshot::channel();
-    let work = tokio::spawn({
-        let election = Arc::clone(&candidates[leader].election);
-        let work = endless_work(candidates[leader].locks.clone(), started_tx, Arc::default());
-        async move { election.run_as_leader(work).await }
-    });
-    within("the work starts", started_rx)
-        .await
-        .expect("started");
-    let released_at = Instant::now();
-    // Someone shuts the manager's locks down behind the election's back.
-    assert_eq!(
-        candidates[leader].locks.release_all().await.expect("all"),
-        1
-    );
-    assert!(matches!(
-        within("the work ends", work).await.expect("join"),
-        Err(Error::NotHeld { key }) if key == "leader:released"
-    ));
-    // Noticed by the leader's checks: absent from the registry, with no loss declared, at two
-    // checks in a row.
-    assert!(released_at.elapsed() <= RETRY * 2);
+
+    // Released with every lock of the manager, then by key: each ends the term at once, with
+    // the cause the release fired on the guard's loss signal.
+    for (term, cause) in [(1, LossCause::ReleasedAll), (2, LossCause::Released)] {
+        let (leader, info) = first_leader(&candidates).await;
+        assert_eq!(info.fencing_token, Some(term));
+        let (started_tx, started_rx) = oneshot::channel();
+        let work = tokio::spawn({
+            let election = Arc::clone(&candidates[leader].election);
+            let work = endless_work(candidates[leader].locks.clone(), started_tx, Arc::default());
+            async move { election.run_as_leader(work).await }
+        });
+        within("the work starts", started_rx)
+            .await
+            .expect("started");
+        let mut state = candidates[leader].election.subscribe();
+        let released_at = Instant::now();
+        // Someone takes the lock away behind the election's back.
+        let locks = &candidates[leader].locks;
+        if cause == LossCause::ReleasedAll {
+            assert_eq!(locks.release_all().await.expect("all"), 1);
+        } else {
+            locks.release("leader:released").await.expect("by key");
+        }
+        let err = within("the work ends", work)
+            .await
+            .expect("join")
+            .expect_err("the term ended under the work");
+        assert!(err.is_lost(), "{err:?}");
+        match err {
+            LeaderError::Lock(Error::LockLost { key, cause: why }) => {
+                assert_eq!(key, "leader:released");
+                assert_eq!(why, cause);
+            }
+            other => panic!("expected LockLost({cause:?}), got {other:?}"),
+        }
+        within("the step down", state.wait_for(|l| !l.is_leader()))
+            .await
+            .expect("still campaigning");
+        // Told by the guard's loss signal: no polling, no time passes.
+        assert_eq!(
+            released_at.elapsed(),
+            Duration::ZERO,
+            "the term ended at once"
+        );
+    }
     let (_, next) = first_leader(&candidates).await;
-    assert_eq!(next.fencing_token, Some(2));
+    assert_eq!(next.fencing_token, Some(3));
     assert_eq!(leaders(&candidates).len(), 1);
 }
 
 /// A lock manager that fails its first `failures` acquisitions as if the database were down,
-/// and counts every acquisition and every `is_held`.
+/// and counts every acquisition (`lock`) and every registry check (`holds`).
 #[derive(Debug)]
 struct Scripted {
     inner: Arc<dyn LockManager>,
@@ -395,12 +420,11 @@ impl Scripted {
 
 #[async_trait]
 impl LockManager for Scripted {
-    async fn acquire_key(
+    async fn lock(
         &self,
         key: &LockKey,
-        mode: LockMode,
-        timeout: Option<Duration>,
-    ) -> pglock::Result<LockGuard> {
+        options: AcquireOptions,
+    ) -> pglock::Result<Option<LockGuard>> {
         self.acquires.send_modify(|n| *n += 1);
         let failing = self
             .failures
@@ -408,40 +432,32 @@ impl LockManager for Scripted {
             .is_ok();
         if failing {
             return Err(Error::Connection {
-                key: key.to_string(),
+                key: key.clone(),
                 reason: "the database is down (scripted)".to_owned(),
                 source: None,
             });
         }
-        self.inner.acquire_key(key, mode, timeout).await
+        self.inner.lock(key, options).await
     }
 
-    async fn try_acquire_key(
-        &self,
-        key: &LockKey,
-        mode: LockMode,
-    ) -> pglock::Result<Option<LockGuard>> {
-        self.inner.try_acquire_key(key, mode).await
-    }
-
-    async fn release_key(&self, key: &LockKey) -> pglock::Result<()> {
-        self.inner.release_key(key).await
+    async fn unlock(&self, key: &LockKey) -> pglock::Result<()> {
+        self.inner.unlock(key).await
     }
 
     async fn release_all(&self) -> pglock::Result<usize> {
         self.inner.release_all().await
     }
 
-    async fn is_key_held(&self, key: &LockKey) -> bool {
+    async fn holds(&self, key: &LockKey) -> bool {
         self.checks.send_modify(|n| *n += 1);
-        self.inner.is_key_held(key).await
+        self.inner.holds(key).await
     }
 
     fn held_lock_count(&self) -> usize {
         self.inner.held_lock_count()
     }
 
-    fn holder_id(&self) -> Option<&str> {
+    fn holder_id(&self) -> &str {
         self.inner.holder_id()
     }
 }
@@ -459,7 +475,7 @@ async fn failed_attempts_are_retried_every_interval() {
         .expect("leads");
     assert_eq!(started.elapsed(), RETRY * 3, "three failures, three waits");
     assert_eq!(locks.acquires(), 4);
-    assert_eq!(info.holder_id.as_deref(), locks.holder_id());
+    assert_eq!(&*info.holder_id, locks.holder_id());
     assert!(
         within("the resignation", election.resign())
             .await
@@ -688,15 +704,19 @@ async fn a_leader_holds_exactly_one_lock_across_many_ticks_and_one_release_frees
     let rows = lock_rows(&observer, lock_id(&key)).await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     let pid = rows[0].pid;
-    let (followers_before, mut checks) = (
-        counted[1].acquires() + counted[2].acquires(),
-        counted[0].checks.subscribe(),
-    );
+    let followers_before = counted[1].acquires() + counted[2].acquires();
+    let (first_follower_before, mut attempts) =
+        (counted[1].acquires(), counted[1].acquires.subscribe());
     for tick in 1..=TICKS {
-        // One leader tick at a time: each is a check of the manager's registry, never a lock.
-        within("an attempt", checks.wait_for(|&n| n >= tick))
-            .await
-            .expect("campaigning");
+        // One tick at a time: an attempt of a follower. The leader, meanwhile, neither asks
+        // for the lock again nor polls its registry: its guard's loss signal would tell it
+        // when the term ends.
+        within(
+            "an attempt",
+            attempts.wait_for(|&n| n >= first_follower_before + tick),
+        )
+        .await
+        .expect("campaigning");
         let rows = lock_rows(&observer, lock_id(&key)).await;
         assert_eq!(rows.len(), 1, "tick {tick}: {rows:?}");
         assert!(rows[0].granted && rows[0].pid == pid && rows[0].mode == "ExclusiveLock");
@@ -704,6 +724,11 @@ async fn a_leader_holds_exactly_one_lock_across_many_ticks_and_one_release_frees
             counted[0].acquires(),
             1,
             "tick {tick}: the leader asked again"
+        );
+        assert_eq!(
+            *counted[0].checks.borrow(),
+            0,
+            "tick {tick}: the leader polled its registry"
         );
         assert_eq!(counted[0].held_lock_count(), 1);
         assert_eq!(elections[0].leader_info().as_ref(), Some(&info));
@@ -715,8 +740,8 @@ async fn a_leader_holds_exactly_one_lock_across_many_ticks_and_one_release_frees
     }
     let follower_attempts = counted[1].acquires() + counted[2].acquires() - followers_before;
     println!(
-        "{TICKS} leader ticks: 1 acquisition by the leader, {follower_attempts} attempts by the \
-         followers, 1 granted row in pg_locks throughout"
+        "{TICKS} ticks: 1 acquisition and no registry check by the leader, {follower_attempts} \
+         attempts by the followers, 1 granted row in pg_locks throughout"
     );
     assert!(
         follower_attempts >= TICKS,
@@ -752,7 +777,7 @@ async fn a_leader_holds_exactly_one_lock_across_many_ticks_and_one_release_frees
     let rows = lock_rows(&observer, lock_id(&key)).await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_ne!(rows[0].pid, pid);
-    assert_eq!(next_info.holder_id.as_deref(), counted[next].holder_id());
+    assert_eq!(&*next_info.holder_id, counted[next].holder_id());
     for election in &elections[1..] {
         within("the resignation", election.resign())
             .await
@@ -968,7 +993,7 @@ impl Tables {
 /// Writes under the term's token for as long as the term lasts (it is cancelled when it ends).
 async fn write_while_leading(db: PgPool, tables: Tables, info: LockInfo) -> Infallible {
     let token = info.fencing_token.expect("fencing is on");
-    let candidate = info.holder_id.expect("a holder id");
+    let candidate = info.holder_id;
     loop {
         tables.fenced_write(&db, token, &candidate).await;
         tokio::time::sleep(WRITE_PAUSE).await;
@@ -982,14 +1007,14 @@ async fn candidate_loop(election: Arc<LeaderElection>, db: PgPool, tables: Table
         let work = |info| write_while_leading(db.clone(), tables.clone(), info);
         match election.run_as_leader(work).await {
             Ok(never) => match never {},
-            Err(Error::LockLost {
+            Err(LeaderError::Lock(Error::LockLost {
                 cause: LossCause::NotOnServer,
                 ..
-            }) => {
+            })) => {
                 lost += 1;
-                println!("LOST {}", election.holder_id().expect("a holder id"));
+                println!("LOST {}", election.holder_id());
             }
-            Err(Error::ElectionStopped { .. }) => return lost,
+            Err(LeaderError::Stopped { .. }) => return lost,
             Err(other) => panic!("unexpected end of a term: {other}"),
         }
     }
@@ -1015,7 +1040,7 @@ async fn act_as_candidates(spec: &str) -> ! {
                 .jitter(FAILOVER_JITTER)
                 .start(),
         );
-        println!("CANDIDATE {}", election.holder_id().expect("a holder id"));
+        println!("CANDIDATE {}", election.holder_id());
         loops.push(tokio::spawn(candidate_loop(
             Arc::clone(&election),
             db.clone(),

@@ -12,7 +12,7 @@ use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMetrics};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 use pglock::telemetry::{self, metrics, outcome};
-use pglock::{InMemoryLockManager, LockManager, LossCause, PostgresLockManager};
+use pglock::{InMemoryLockManager, LockGuard, LockManagerExt, LossCause, PostgresLockManager};
 
 struct Pipeline {
     exporter: InMemoryMetricExporter,
@@ -155,7 +155,15 @@ async fn postgres_manager_records_waits_outcomes_held_locks_and_losses() {
     let (a, b) = (common::key("metrics-a"), common::key("metrics-b"));
 
     let guard_a = locks.acquire(&a, None).await.expect("acquire");
-    assert!(locks.try_acquire(&b).await.expect("try").is_some());
+    // Leaked into the registry: held until released by key below.
+    assert!(
+        locks
+            .try_acquire(&b)
+            .await
+            .expect("try")
+            .map(LockGuard::leak)
+            .is_some()
+    );
     let held = rival
         .acquire(&common::key("metrics-c"), None)
         .await
@@ -164,15 +172,15 @@ async fn postgres_manager_records_waits_outcomes_held_locks_and_losses() {
     assert_eq!(points(&export, metrics::HELD, &[]), [2.0], "two locks held");
 
     // A timeout: the rival holds c for longer than the deadline.
-    let c = held.key.clone();
+    let c = held.info().key.clone();
     let err = locks
-        .acquire(&c, Some(Duration::from_millis(120)))
+        .acquire(c.clone(), Some(Duration::from_millis(120)))
         .await
         .expect_err("held by the rival");
     assert!(err.is_timeout());
     // A busy try.
-    assert!(locks.try_acquire(&c).await.expect("try").is_none());
-    assert!(guard_a.release().await.expect("release"));
+    assert!(locks.try_acquire(c).await.expect("try").is_none());
+    guard_a.release().await.expect("release");
     locks.release(&b).await.expect("release");
 
     let export = pipeline.collect();
@@ -230,7 +238,7 @@ async fn postgres_manager_records_waits_outcomes_held_locks_and_losses() {
         .execute(&observer)
         .await
         .expect("terminate");
-    tokio::time::timeout(Duration::from_secs(5), guard.lost())
+    tokio::time::timeout(Duration::from_secs(5), guard.loss_signal().lost())
         .await
         .expect("lost");
     let export = pipeline.collect();
@@ -255,7 +263,7 @@ async fn postgres_manager_records_waits_outcomes_held_locks_and_losses() {
     .into();
     assert!(keys.is_subset(&allowed), "{keys:?}");
     assert!(series(&export, metrics::HELD).len() == 1);
-    assert!(held.release().await.expect("release"));
+    held.release().await.expect("release");
 }
 
 #[tokio::test]
@@ -271,7 +279,7 @@ async fn the_hold_histogram_measures_from_grant_to_release() {
     let guard = locks.acquire_shared(&key, None).await.expect("acquire");
     // The sleep is the thing measured, not a wait for something to happen.
     tokio::time::sleep(HOLD).await;
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
     let around = outer.elapsed();
 
     let export = pipeline.collect();
@@ -326,7 +334,7 @@ async fn the_holder_id_is_an_attribute_only_when_asked_for() {
         .build();
     for locks in [&with, &without] {
         let guard = locks.acquire("k", None).await.expect("acquire");
-        assert!(guard.release().await.expect("release"));
+        guard.release().await.expect("release");
     }
 
     let export = pipeline.collect();
@@ -362,11 +370,27 @@ async fn in_memory_manager_records_the_same_instruments() {
     let guard = locks.acquire(&key, None).await.expect("acquire");
     assert!(locks.simulate_loss(&key).await);
     assert!(guard.release().await.is_err());
+    // Released through the manager: the guard is told, but that is no loss to count.
+    let guard = locks.acquire(&key, None).await.expect("acquire");
+    locks.release(&key).await.expect("release by key");
+    assert_eq!(guard.loss_signal().cause(), Some(LossCause::Released));
+    assert!(matches!(
+        guard.release().await,
+        Err(pglock::Error::LockLost {
+            cause: LossCause::Released,
+            ..
+        })
+    ));
     let export = pipeline.collect();
     let by_holder = [(telemetry::HOLDER_ID, "metrics-memory")];
-    assert_eq!(points(&export, metrics::ACQUISITIONS, &by_holder), [1.0]);
+    assert_eq!(points(&export, metrics::ACQUISITIONS, &by_holder), [2.0]);
     let lost = [(telemetry::CAUSE, "simulated"), by_holder[0]];
     assert_eq!(points(&export, metrics::LOST, &lost), [1.0]);
+    assert_eq!(
+        points(&export, metrics::LOST, &[]),
+        [1.0],
+        "only the real loss is counted"
+    );
     assert_eq!(points(&export, metrics::HELD, &by_holder), [0.0]);
 }
 
@@ -376,6 +400,8 @@ fn loss_cause_labels_are_stable_names_and_display_stays_a_sentence() {
         (LossCause::NotOnServer, "not_on_server"),
         (LossCause::Unverifiable, "unverifiable"),
         (LossCause::SessionClosed, "session_closed"),
+        (LossCause::Released, "released"),
+        (LossCause::ReleasedAll, "released_all"),
         (LossCause::Simulated, "simulated"),
     ];
     for (cause, label) in causes {

@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use common::jobs::{db_now, job_name, offset_for_boundary, private_table, row, until_db_time};
 use common::{app_name, assert_pool_clean, observer, pool_named};
+use pglock::schedule::Error;
 use pglock::schedule::{JobTable, RunOutcome, ScheduledJob, ScheduledJobBuilder, Skip};
 use pglock::testing::{Stage, pause_at};
-use pglock::{Error, LockManager, PostgresLockManager, lock_id};
+use pglock::{LockManager, LockManagerExt, PostgresLockManager, lock_id};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -257,7 +258,7 @@ async fn a_body_that_outlives_the_max_hold_is_cut_off_and_the_window_stays_open(
         .expect("cut off, not hung")
         .expect_err("cut off");
     assert!(
-        matches!(err, Error::JobOverran { ref job, max_hold } if *job == name && max_hold == Duration::from_millis(300)),
+        matches!(err, Error::Overran { ref job, max_hold } if *job == name && max_hold == Duration::from_millis(300)),
         "{err:?}"
     );
     assert_eq!(
@@ -302,7 +303,10 @@ async fn a_held_job_lock_means_busy_and_a_lost_one_cancels_the_body() {
 
     // Someone else holds the job's lock: skip, without a claim.
     let (other, _) = manager("job-other").await;
-    let held = other.acquire(job.lock_key(), None).await.expect("acquire");
+    let held = other
+        .acquire(job.lock_key().clone(), None)
+        .await
+        .expect("acquire");
     let outcome = job
         .run(|_| async { unreachable!("busy") })
         .await
@@ -313,7 +317,7 @@ async fn a_held_job_lock_means_busy_and_a_lost_one_cancels_the_body() {
         None,
         "no claim was made"
     );
-    assert!(held.release().await.expect("release"));
+    held.release().await.expect("release");
 
     // The job's lock is lost mid-run: the body is cancelled, the claim given up.
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
@@ -331,7 +335,7 @@ async fn a_held_job_lock_means_busy_and_a_lost_one_cancels_the_body() {
         .await
         .expect("the body starts")
         .expect("sent");
-    let pid = common::lock_rows(&observer, lock_id(job.lock_key())).await[0].pid;
+    let pid = common::lock_rows(&observer, job.lock_key().target().packed()).await[0].pid;
     sqlx::query("SELECT pg_terminate_backend($1)")
         .bind(pid)
         .execute(&observer)
@@ -343,7 +347,7 @@ async fn a_held_job_lock_means_busy_and_a_lost_one_cancels_the_body() {
         .expect("join")
         .expect_err("lost");
     assert!(
-        matches!(err, Error::LockLost { ref key, .. } if key == job.lock_key()),
+        matches!(err, Error::Lock(pglock::Error::LockLost { ref key, .. }) if key == job.lock_key()),
         "{err:?}"
     );
     let stored = row(&observer, &table_name, &name).await.expect("claimed");

@@ -17,7 +17,7 @@ use common::jobs::{db_now, job_name, private_table, row, until_db_time};
 use common::{app_name, assert_pool_clean, eventually, observer, pool_named, within};
 use pglock::schedule::{JobTable, RunOutcome, ScheduledJob};
 use pglock::testing::{Pause, Stage, pause_at};
-use pglock::{LockManager, PostgresLockManager, lock_id};
+use pglock::{LockManagerExt, PostgresLockManager, lock_id};
 use sqlx::{Connection, PgConnection, PgPool};
 
 /// Long enough that no claim in these tests ends by expiring, except where a test says so.
@@ -108,9 +108,9 @@ impl Harness {
     /// Nothing is left behind, and the job can run: it runs the window again.
     async fn assert_clean_and_runnable(&self) {
         assert_pool_clean(&self.observer, &self.app).await;
-        assert!(!self.locks.is_held(self.job.lock_key()).await);
+        assert!(!self.locks.is_held(self.job.lock_key().clone()).await);
         eventually("the job's lock is free", || async {
-            common::lock_rows(&self.observer, lock_id(self.job.lock_key()))
+            common::lock_rows(&self.observer, self.job.lock_key().target().packed())
                 .await
                 .is_empty()
         })
@@ -280,7 +280,7 @@ async fn cancelled_while_recording_the_end() {
     .await;
     assert_pool_clean(&h.observer, &h.app).await;
     eventually("the job's lock is free", || async {
-        common::lock_rows(&h.observer, lock_id(h.job.lock_key()))
+        common::lock_rows(&h.observer, h.job.lock_key().target().packed())
             .await
             .is_empty()
     })
@@ -300,7 +300,7 @@ async fn cancelled_while_releasing_the_job_lock() {
     );
     assert_pool_clean(&h.observer, &h.app).await;
     eventually("the job's lock is free", || async {
-        common::lock_rows(&h.observer, lock_id(h.job.lock_key()))
+        common::lock_rows(&h.observer, h.job.lock_key().target().packed())
             .await
             .is_empty()
     })

@@ -11,7 +11,7 @@ use opentelemetry::Value;
 use opentelemetry::trace::{SpanId, Status};
 use opentelemetry_sdk::trace::SpanData;
 use pglock::telemetry::{self, outcome, via};
-use pglock::{LockManager, PostgresLockManager, lock_id};
+use pglock::{LockGuard, LockManagerExt, PostgresLockManager, lock_id};
 use tracing::Instrument;
 
 /// The value of attribute `key`, asserting it was recorded at most once.
@@ -161,12 +161,13 @@ async fn spans_carry_the_documented_names_fields_and_outcomes() {
     let tried = common::key("telemetry-try");
     let never = common::key("telemetry-never");
     let dropped = common::key("telemetry-drop");
+    let taken = common::key("telemetry-taken");
 
     async {
         // acquire + guard.release(), holding the lock for a while in between.
         let guard = a.acquire(&guarded, None).await.expect("a free key");
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(guard.release().await.expect("release"));
+        guard.release().await.expect("release");
 
         // On a key another manager holds: acquire times out, try_acquire is busy.
         let other = b.acquire(&held, None).await.expect("a free key");
@@ -176,10 +177,17 @@ async fn spans_carry_the_documented_names_fields_and_outcomes() {
             .expect_err("the key is held by b");
         assert!(err.is_timeout(), "{err:?}");
         assert!(a.try_acquire(&held).await.expect("try_acquire").is_none());
-        assert!(other.release().await.expect("release"));
+        other.release().await.expect("release");
 
         // try_acquire, then release by key.
-        assert!(a.try_acquire(&tried).await.expect("try_acquire").is_some());
+        // The guard is leaked into the registry: the lock stays held until released by key.
+        assert!(
+            a.try_acquire(&tried)
+                .await
+                .expect("try_acquire")
+                .map(LockGuard::leak)
+                .is_some()
+        );
         a.release(&tried).await.expect("release by key");
 
         // release of a key never held.
@@ -194,7 +202,27 @@ async fn spans_carry_the_documented_names_fields_and_outcomes() {
             .acquire(&dropped, Some(Duration::from_secs(10)))
             .await
             .expect("the dropped guard's lock is released");
-        assert!(again.release().await.expect("release"));
+        again.release().await.expect("release");
+
+        // A guard whose lock was released by key: told at once, and its own release then
+        // finds the lock already released.
+        let guard = a.acquire(&taken, None).await.expect("a free key");
+        a.release(&taken).await.expect("release by key");
+        assert_eq!(
+            guard.loss_signal().cause(),
+            Some(pglock::LossCause::Released)
+        );
+        let err = guard.release().await.expect_err("released by key already");
+        assert!(
+            matches!(
+                err,
+                pglock::Error::LockLost {
+                    cause: pglock::LossCause::Released,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
     }
     .instrument(tracing::info_span!(ROOT_SPAN))
     .await;
@@ -206,13 +234,13 @@ async fn spans_carry_the_documented_names_fields_and_outcomes() {
     assert_ne!(root, SpanId::INVALID);
 
     // Nothing beyond the spans checked below carries this test's keys.
-    let keys = [&guarded, &held, &tried, &never, &dropped];
+    let keys = [&guarded, &held, &tried, &never, &dropped, &taken];
     let ours = spans
         .iter()
         .filter(|s| is_pglock_span(s))
         .filter(|s| str_attr(s, telemetry::KEY).is_some_and(|k| keys.iter().any(|key| *key == k)))
         .count();
-    assert_eq!(ours, 2 + 4 + 2 + 1 + 4, "{spans:#?}");
+    assert_eq!(ours, 2 + 4 + 2 + 1 + 4 + 3, "{spans:#?}");
 
     // acquire + guard.release()
     let acquire = spans_named(&spans, telemetry::ACQUIRE_SPAN, &guarded, 1)[0];
@@ -292,6 +320,20 @@ async fn spans_carry_the_documented_names_fields_and_outcomes() {
         releases[0].end_time,
         acquires[1].end_time
     );
+
+    // Released by key under a live guard: the key's release releases it, the guard's finds
+    // it already released, and neither is a failure.
+    let acquire = spans_named(&spans, telemetry::ACQUIRE_SPAN, &taken, 1)[0];
+    assert_acquire(acquire, &taken, HOLDER_A, None, outcome::ACQUIRED);
+    let releases = spans_named(&spans, telemetry::RELEASE_SPAN, &taken, 2);
+    assert_release(releases[0], &taken, HOLDER_A, via::KEY, outcome::RELEASED);
+    assert_release(
+        releases[1],
+        &taken,
+        HOLDER_A,
+        via::GUARD,
+        outcome::ALREADY_RELEASED,
+    );
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -312,12 +354,13 @@ async fn a_manager_built_with_tracing_off_emits_no_spans() {
     let shared = common::key("quiet-shared");
 
     let guard = quiet.acquire(&guarded, None).await.expect("a free key");
-    assert!(guard.release().await.expect("release"));
+    guard.release().await.expect("release");
     assert!(
         quiet
             .try_acquire(&tried)
             .await
             .expect("try_acquire")
+            .map(LockGuard::leak)
             .is_some()
     );
     quiet.release(&tried).await.expect("release by key");
@@ -327,7 +370,7 @@ async fn a_manager_built_with_tracing_off_emits_no_spans() {
         .acquire(&dropped, Some(Duration::from_secs(10)))
         .await
         .expect("the dropped guard's lock is released");
-    assert!(again.release().await.expect("release"));
+    again.release().await.expect("release");
 
     let other = loud.acquire(&shared, None).await.expect("a free key");
     let err = quiet
@@ -342,7 +385,7 @@ async fn a_manager_built_with_tracing_off_emits_no_spans() {
             .expect("try_acquire")
             .is_none()
     );
-    assert!(other.release().await.expect("release"));
+    other.release().await.expect("release");
 
     let spans = capture.finished_spans();
     // The traced manager's two spans on the shared key, and nothing from the quiet one.
@@ -382,7 +425,7 @@ async fn a_lost_lock_emits_a_lost_span_with_its_cause() {
     let key = common::key("telemetry-lost");
     let guard = locks.acquire(&key, None).await.expect("acquire");
     assert!(locks.simulate_loss(&key).await);
-    let cause = tokio::time::timeout(Duration::from_secs(10), guard.lost())
+    let cause = tokio::time::timeout(Duration::from_secs(10), guard.loss_signal().lost())
         .await
         .expect("the simulated loss is signalled");
     assert_eq!(cause, pglock::LossCause::Simulated);

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use pglock::{LockGuard, LockManager, PostgresLockManager};
+use pglock::{LockGuard, LockManager, LockManagerExt, PostgresLockManager};
 use sqlx::postgres::{
     PgAdvisoryLock, PgAdvisoryLockKey, PgConnectOptions, PgConnection, PgPoolOptions,
 };
@@ -283,8 +283,10 @@ impl Holder {
     pub async fn release(&mut self, held: Held) -> Res<()> {
         match (self, held) {
             (Holder::Pglock(..), Held::Guard(guard)) => match guard.release().await {
-                Ok(true) => Ok(()),
-                Ok(false) => Err("LockGuard::release returned false (already released)".into()),
+                Ok(()) => Ok(()),
+                Err(pglock::Error::LockLost { cause, .. }) if cause.is_release() => {
+                    Err("LockGuard::release: the lock was already released".into())
+                }
                 Err(e) => Err(err(e)),
             },
             (Holder::Raw(conn), Held::Id(id)) => {
@@ -313,10 +315,12 @@ impl Holder {
     /// One attempt that must not wait; true when the lock was granted.
     pub async fn try_acquire(&mut self, key: &Key) -> Res<bool> {
         match self {
+            // The guard is leaked into the manager's registry: the lock stays held until
+            // `release_tried` releases it by key, as the other libraries' tries do.
             Holder::Pglock(manager, _) => manager
                 .try_acquire(&key.name)
                 .await
-                .map(|info| info.is_some())
+                .map(|guard| guard.map(LockGuard::leak).is_some())
                 .map_err(err),
             Holder::Raw(conn) => raw_bool(conn, TRY_LOCK, key.id).await,
             Holder::Advisory(conn) => {
