@@ -164,3 +164,49 @@ async fn yes_ends_only_matching_holders_of_that_lock() {
     let out = output(pglock_on_db(&["terminate", &key, "--yes"])).await;
     assert_eq!(out.status.code(), Some(3));
 }
+
+#[tokio::test]
+async fn it_says_how_many_other_locks_end_with_the_session_before_it_asks() {
+    let key = key("cli-terminate-shared");
+    let (locks, guard, _) = holder("cli-term-shared", &key).await;
+    // Two more locks on the same lock session: terminating it for one lock ends all three.
+    let others = [
+        locks
+            .acquire(key.replace("shared", "shared-2"), None)
+            .await
+            .expect("acquire"),
+        locks
+            .acquire(key.replace("shared", "shared-3"), None)
+            .await
+            .expect("acquire"),
+    ];
+    let out = Terminal::open()
+        .answer(pglock_on_db(&["terminate", &key]), "n")
+        .await;
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(
+        said.contains("these sessions also hold 2 other advisory lock(s), which end with them"),
+        "{said}"
+    );
+    assert!(
+        said.contains("2 other advisory lock(s) included? [y/N]"),
+        "{said}"
+    );
+
+    let out = output(pglock_on_db(&["terminate", &key, "--yes"])).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("also hold 2 other"),
+        "{}",
+        stderr(&out)
+    );
+    for signal in [guard.loss_signal()]
+        .into_iter()
+        .chain(others.iter().map(LockGuard::loss_signal))
+    {
+        tokio::time::timeout(Duration::from_secs(10), signal.lost())
+            .await
+            .expect("every lock of the session is reported lost");
+    }
+}

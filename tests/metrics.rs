@@ -84,6 +84,13 @@ fn all_points(export: &ResourceMetrics, name: &str) -> Vec<Point> {
                         count: 1,
                     }));
                 }
+                AggregatedMetrics::U64(MetricData::Gauge(g)) => {
+                    found.extend(g.data_points().map(|p| Point {
+                        attributes: attrs(&mut p.attributes()),
+                        value: p.value() as f64,
+                        count: 1,
+                    }));
+                }
                 AggregatedMetrics::I64(MetricData::Sum(s)) => {
                     found.extend(s.data_points().map(|p| Point {
                         attributes: attrs(&mut p.attributes()),
@@ -170,6 +177,15 @@ async fn postgres_manager_records_waits_outcomes_held_locks_and_losses() {
         .expect("rival");
     let export = pipeline.collect();
     assert_eq!(points(&export, metrics::HELD, &[]), [2.0], "two locks held");
+    // The budget derived at the first session's set-up: max_locks_per_transaction × the pool's
+    // 4 connections.
+    let per_connection: String = sqlx::query_scalar("SHOW max_locks_per_transaction")
+        .fetch_one(&common::pool(1).await)
+        .await
+        .expect("show");
+    let budget = per_connection.parse::<f64>().expect("a number") * 4.0;
+    assert_eq!(points(&export, metrics::BUDGET, &[]), [budget]);
+    assert_eq!(locks.lock_budget(), Some(budget as usize));
 
     // A timeout: the rival holds c for longer than the deadline.
     let c = held.info().key.clone();
@@ -365,6 +381,7 @@ async fn in_memory_manager_records_the_same_instruments() {
         .holder_id("metrics-memory")
         .meter(pipeline.meter())
         .metrics_holder_id(true)
+        .lock_budget(50)
         .build();
     let key = common::key("metrics-memory");
     let guard = locks.acquire(&key, None).await.expect("acquire");
@@ -392,6 +409,7 @@ async fn in_memory_manager_records_the_same_instruments() {
         "only the real loss is counted"
     );
     assert_eq!(points(&export, metrics::HELD, &by_holder), [0.0]);
+    assert_eq!(points(&export, metrics::BUDGET, &by_holder), [50.0]);
 }
 
 #[test]
