@@ -65,7 +65,9 @@ pub enum Error {
     ///
     /// Sibling futures of one task (`join!`, `select!`, `for_each_concurrent`, ...) are not
     /// nested: they queue for the key like any other caller.
-    #[error("Lock '{key}' is already held by the calling critical section; waiting for it would never end")]
+    #[error(
+        "Lock '{key}' is already held by the calling critical section; waiting for it would never end"
+    )]
     Reentrant {
         /// The key that was requested.
         key: LockKey,

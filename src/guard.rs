@@ -114,11 +114,7 @@ impl LockGuard {
     /// ```
     pub async fn run<F: Future>(&self, body: F) -> Result<F::Output> {
         let loss = self.loss.lost();
-        let body = crate::scope::inside(
-            self.info.holder_id.clone(),
-            self.info.key.clone(),
-            body,
-        );
+        let body = crate::scope::inside(self.info.holder_id.clone(), self.info.key.clone(), body);
         tokio::select! {
             biased;
             cause = loss => Err(Error::LockLost { key: self.info.key.clone(), cause }),

@@ -253,13 +253,10 @@ impl Inspector {
     }
 
     async fn one(&self, lock_id: i64, key: Option<&str>) -> Result<LockReport> {
-        let found = self
-            .query(Some(lock_id))
-            .await
-            .map_err(|source| Error {
-                key: key.map(str::to_owned),
-                source,
-            })?;
+        let found = self.query(Some(lock_id)).await.map_err(|source| Error {
+            key: key.map(str::to_owned),
+            source,
+        })?;
         Ok(found
             .into_iter()
             .next()

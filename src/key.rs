@@ -373,7 +373,10 @@ mod tests {
         assert_eq!(LockKey::from((1, 2)), LockKey::pair(1, 2));
         assert_eq!(LockKey::sqlx("x").to_string(), "sqlx:x");
         assert_eq!(LockKey::id(-7).to_string(), "id:-7");
-        assert!(LockKey::from("a") == "a" && LockKey::from("a") == "a".to_owned());
+        let (key, name) = (LockKey::name("a"), String::from("a"));
+        assert_eq!(key, "a");
+        assert_eq!(key, name);
+        assert_eq!("a", key);
         assert!(LockKey::id(-7) != "id:-7", "only a name equals a string");
     }
 

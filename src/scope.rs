@@ -74,7 +74,10 @@ mod tests {
                 is_inside("h", &LockKey::from("k"))
             }
         );
-        assert!(inner, "a nested call sees every enclosing section of its holder");
+        assert!(
+            inner,
+            "a nested call sees every enclosing section of its holder"
+        );
         assert!(!sibling, "a sibling future is not inside the section");
         let in_task = inside(holder, key, async {
             tokio::spawn(async { is_inside("h", &LockKey::from("k")) })

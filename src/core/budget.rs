@@ -93,7 +93,9 @@ mod tests {
     fn an_unset_budget_refuses_nothing_until_a_default_is_derived() {
         let budget = Budget::new(None, Default::default());
         assert_eq!(budget.limit(), None);
-        let held: Vec<Slot> = (0..3).map(|_| budget.reserve().expect("no limit")).collect();
+        let held: Vec<Slot> = (0..3)
+            .map(|_| budget.reserve().expect("no limit"))
+            .collect();
         budget.set_default(3);
         assert_eq!(budget.limit(), Some(3));
         assert_eq!(budget.reserve().err(), Some((3, 3)));

@@ -37,8 +37,8 @@ use self::registry::{Granted, State};
 pub(crate) use self::slots::Slots;
 use self::spans::Outcome;
 use self::turn::TurnPermit;
-use crate::telemetry::outcome;
 use crate::manager::{AcquireOptions, Wait};
+use crate::telemetry::outcome;
 use crate::{Error, LockGuard, LockInfo, LockKey, LockMode, LockTarget, LossCause, Result};
 
 /// One acquisition request, as the backend sees it.
@@ -467,7 +467,10 @@ impl<B: Backend> Core<B> {
     ) -> Result<Option<LockGuard>> {
         match options.wait {
             Wait::No => self.try_acquire(key, options.mode).await,
-            Wait::For(timeout) => self.acquire(key, options.mode, Some(timeout)).await.map(Some),
+            Wait::For(timeout) => self
+                .acquire(key, options.mode, Some(timeout))
+                .await
+                .map(Some),
             Wait::Forever => self.acquire(key, options.mode, None).await.map(Some),
         }
     }

@@ -182,10 +182,7 @@ mod tests {
             "\"pglock_fencing_tokens\""
         );
         for bad in ["", "a.", ".b", "a.b.c", "nul\0", &"x".repeat(64)] {
-            assert!(
-                FencingTable::new(bad).is_err(),
-                "{bad:?}"
-            );
+            assert!(FencingTable::new(bad).is_err(), "{bad:?}");
         }
         assert!(FencingTable::new(&"x".repeat(63)).is_ok());
     }

@@ -155,7 +155,9 @@ pub(crate) enum Unavailable {
 /// database.
 pub(crate) fn default_budget(pool: &PgPool, set_up: SetUp) -> usize {
     let connections = pool.options().get_max_connections() as usize;
-    set_up.max_locks_per_transaction.saturating_mul(connections.max(1))
+    set_up
+        .max_locks_per_transaction
+        .saturating_mul(connections.max(1))
 }
 
 /// How many locks a session carries before the manager opens another (up to the cap) to spread

@@ -197,12 +197,10 @@ impl PgSession {
     /// `tag` (restored before the connection goes back to the pool).
     pub(crate) async fn set_up(&mut self, tag: Option<&str>) -> Result<SetUp, sqlx::Error> {
         let (pid, before, standby, max_locks_per_transaction, _) =
-            sqlx::query_as::<_, (i32, String, bool, i64, Option<String>)>(
-                super::statements::SETUP,
-            )
-            .bind(tag)
-            .fetch_one(self.conn())
-            .await?;
+            sqlx::query_as::<_, (i32, String, bool, i64, Option<String>)>(super::statements::SETUP)
+                .bind(tag)
+                .fetch_one(self.conn())
+                .await?;
         self.mark_clean();
         self.pid = pid;
         if tag.is_some() {

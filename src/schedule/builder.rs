@@ -4,8 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Inner, JobTable, Micros, ScheduledJob, Statements};
 use super::{Error, Result};
+use super::{Inner, JobTable, Micros, ScheduledJob, Statements};
 use crate::PostgresLockManager;
 
 /// The longest period or hold accepted: a hundred years.

@@ -189,10 +189,7 @@ mod tests {
             r#""x""; DROP TABLE y""#
         );
         for bad in ["", "a.", "a.b.c", "nul\0"] {
-            assert!(
-                JobTable::new(bad).is_err(),
-                "{bad:?}"
-            );
+            assert!(JobTable::new(bad).is_err(), "{bad:?}");
         }
     }
 }

@@ -25,9 +25,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{
-    Error, LockGuard, LockKey, LockManager, LockManagerExt, LockMode, LossCause, lock_id,
-};
+use crate::{Error, LockGuard, LockKey, LockManager, LockManagerExt, LockMode, LossCause, lock_id};
 
 /// A boxed case future.
 pub type CaseFuture<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
@@ -678,9 +676,14 @@ pub async fn a_nested_acquisition_fails_at_once(manager: &Manager) {
                 Err(Error::Reentrant { key: named }) => assert_eq!(named, key.as_str(), "{what}"),
                 other => panic!("{what}: expected Reentrant, got {other:?}"),
             };
-            reentrant(at_once(manager.acquire(key.as_str(), None)).await.map(drop), "acquire");
             reentrant(
-                at_once(manager.acquire_shared(key.as_str(), None)).await.map(drop),
+                at_once(manager.acquire(key.as_str(), None)).await.map(drop),
+                "acquire",
+            );
+            reentrant(
+                at_once(manager.acquire_shared(key.as_str(), None))
+                    .await
+                    .map(drop),
                 "acquire_shared",
             );
             reentrant(
@@ -688,7 +691,9 @@ pub async fn a_nested_acquisition_fails_at_once(manager: &Manager) {
                 "try_acquire",
             );
             reentrant(
-                at_once(manager.try_acquire_shared(key.as_str())).await.map(drop),
+                at_once(manager.try_acquire_shared(key.as_str()))
+                    .await
+                    .map(drop),
                 "try_acquire_shared",
             );
             reentrant(
@@ -849,7 +854,13 @@ pub async fn try_acquire_hands_out_a_guard(manager: &Manager) {
     assert_eq!(guard.info().key, key.as_str());
     assert_eq!(guard.info().mode, LockMode::Exclusive);
     assert!(manager.is_held(&key).await);
-    assert!(manager.try_acquire(key.as_str()).await.expect("try").is_none());
+    assert!(
+        manager
+            .try_acquire(key.as_str())
+            .await
+            .expect("try")
+            .is_none()
+    );
     assert!(
         manager
             .try_acquire_shared(key.as_str())
@@ -914,7 +925,10 @@ pub async fn keys_of_every_kind_are_locks_of_their_own(manager: &Manager) {
     for (i, guard) in guards.into_iter().enumerate() {
         let released = guard.release().await;
         if i == 1 {
-            assert!(matches!(released, Err(Error::LockLost { .. })), "{released:?}");
+            assert!(
+                matches!(released, Err(Error::LockLost { .. })),
+                "{released:?}"
+            );
         } else {
             released.expect("release");
         }
