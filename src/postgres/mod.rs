@@ -68,13 +68,21 @@ use crate::core::{Core, delegate_lock_manager};
 /// | a key this process waits for on the server | one per key, for the wait and then for as long as the lock is held; the manager's other tasks that want the same key queue in-process behind it |
 ///
 /// So a process needs at most `lock_sessions + (keys it waits for at once)` connections of its
-/// pool for locks, whatever the number of locks it holds; 10,000 held keys fit in sqlx's
-/// default pool of 10. Lost-lock detection adds one connection of its own, outside the pool,
-/// while locks are held. PostgreSQL's shared lock table bounds the locks of all sessions
-/// together (sized from `max_locks_per_transaction × (max_connections +
-/// max_prepared_transactions)`, and able to borrow spare shared memory: about 12,000 advisory
-/// locks on a stock server, measured); beyond it a try fails with the server's "out of shared
-/// memory".
+/// pool for locks, whatever the number of locks it holds. Lost-lock detection adds one
+/// connection of its own, outside the pool, while locks are held.
+///
+/// # The server's lock table, and the budget
+///
+/// PostgreSQL keeps every session's locks in one shared table, sized from
+/// `max_locks_per_transaction × (max_connections + max_prepared_transactions)` and able to
+/// borrow spare shared memory (12,857 advisory locks on a stock server, measured). When it is
+/// full, no client of the database can take a lock, nor even connect. So a manager holds at
+/// most its [`lock_budget`](PostgresLockManagerBuilder::lock_budget) of locks: by default
+/// `max_locks_per_transaction × the pool's max_connections` (640 on sqlx's default pool of 10
+/// against a stock server), refused beyond it with
+/// [`Error::BudgetExhausted`](crate::Error::BudgetExhausted) before the server is asked. A
+/// full table met anyway (other clients' locks) is
+/// [`Error::LockTableFull`](crate::Error::LockTableFull).
 ///
 /// # How each operation behaves
 ///
