@@ -116,6 +116,7 @@ mod metrics;
 mod postgres;
 pub mod schedule;
 mod scope;
+mod sync;
 pub mod telemetry;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]

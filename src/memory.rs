@@ -255,17 +255,14 @@ impl InMemoryLockServer {
     }
 
     fn mint(&self, lock_id: i64) -> i64 {
-        let mut fences = self.fences.lock().unwrap_or_else(|p| p.into_inner());
+        let mut fences = crate::sync::lock(&self.fences);
         let token = fences.entry(lock_id).or_insert(0);
         *token += 1;
         *token
     }
 
     fn slot(&self, target: LockTarget) -> Arc<tokio::sync::Semaphore> {
-        self.locks
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(&target)
+        crate::sync::lock(&self.locks).get(&target)
     }
 }
 

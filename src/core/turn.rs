@@ -55,10 +55,7 @@ impl<S> Default for Turn<S> {
 
 impl<S: Send + 'static> Turn<S> {
     fn state(&self) -> MutexGuard<'_, State<S>> {
-        // Critical sections only move values around; a panic cannot leave the state torn.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        crate::sync::lock(&self.state)
     }
 
     /// Takes the turn if nobody owns it.

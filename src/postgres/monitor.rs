@@ -89,20 +89,14 @@ impl Monitor {
             // Detection is off: no loss is ever reported, so nothing needs remembering.
             return;
         }
-        let mut closed = self
-            .closed
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner());
+        let mut closed = crate::sync::lock(&self.closed);
         closed.push((pid, Instant::now()));
         drop(closed);
         self.wake.notify_one();
     }
 
     fn take_closed(&self) -> Vec<(i32, Instant)> {
-        let mut closed = self
-            .closed
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner());
+        let mut closed = crate::sync::lock(&self.closed);
         std::mem::take(&mut *closed)
     }
 }

@@ -179,8 +179,7 @@ impl State {
 
 impl Inner {
     fn state(&self) -> MutexGuard<'_, State> {
-        // Critical sections only move values around; a panic cannot leave the state torn.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.state)
     }
 
     fn open_in_background(self: &Arc<Self>, state: &mut State) {

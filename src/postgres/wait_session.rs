@@ -39,9 +39,7 @@ impl IdleSessions {
     }
 
     fn idle(&self) -> MutexGuard<'_, Vec<Idle>> {
-        self.idle
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        crate::sync::lock(&self.idle)
     }
 
     /// The most recently released session, if one is kept.
