@@ -204,9 +204,17 @@ async fn without_a_budget_a_full_lock_table_is_a_typed_error() {
     // The table holds about twice its nominal 6,400 slots, borrowing spare shared memory; far
     // beyond what the default budget allows.
     assert!(guards.len() > 6_400, "{} locks", guards.len());
-    // This is what the budget prevents: now another client cannot take its locks.
+    println!(
+        "without a budget: {} locks held when the server refused",
+        guards.len()
+    );
+    // This is what the budget prevents: now another client cannot take its locks, nor even
+    // connect (a new session needs a few locks of its own to start).
     let starved = many_locks_in_one_transaction(&url, 3_000).await;
     assert!(starved.is_err(), "the lock table is full for everyone");
+    let refused = PgConnection::connect(&url).await;
+    assert!(refused.is_err(), "a new connection is refused too");
+    println!("a new connection: {}", refused.err().expect("refused"));
     for guard in guards {
         guard.release().await.expect("release");
     }

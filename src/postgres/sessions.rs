@@ -115,12 +115,15 @@ impl LockSessions {
                     return Ok(best);
                 }
                 if let Some((n, failure)) = state.failure.as_ref().filter(|(n, _)| *n > seen) {
-                    let time_left = deadline.is_some_and(|d| Instant::now() < d);
-                    if !(time_left && failure.is_transient()) {
-                        return Err(Unavailable::Failed(failure.clone()));
+                    match deadline {
+                        // The caller still has time: this failure is not an answer yet.
+                        Some(d) if failure.is_transient() && Instant::now() < d => {
+                            attempts_before = Some(*n);
+                        }
+                        // The deadline passed while no session could be had: a timeout.
+                        Some(_) if failure.is_transient() => return Err(Unavailable::Deadline),
+                        _ => return Err(Unavailable::Failed(failure.clone())),
                     }
-                    // The caller still has time: this failure is not an answer yet.
-                    attempts_before = Some(*n);
                 }
                 if state.opening == 0 {
                     self.inner.open_in_background(&mut state);

@@ -61,10 +61,21 @@ impl PgBackend {
                 Ok(conn) => return Ok(PgSession::new(conn, Arc::clone(&self.idle))),
                 Err(err) => err,
             };
-            let failure = Failure::from_checkout(&self.pool, err, started.elapsed()).await;
-            let time_left = req.deadline.is_some_and(|d| Instant::now() < d);
-            if !(time_left && failure.is_transient()) {
-                return Err(failure.into_error(req.key));
+            // Asking the server why is bounded by the deadline too.
+            let diagnosis = Failure::from_checkout(&self.pool, err, started.elapsed());
+            let failure = match req.deadline {
+                Some(deadline) => match timeout_at(deadline, diagnosis).await {
+                    Ok(failure) => failure,
+                    Err(_) => return Err(req.timed_out()),
+                },
+                None => diagnosis.await,
+            };
+            match req.deadline {
+                // The caller still has time, and waiting may help: check out again.
+                Some(deadline) if failure.is_transient() && Instant::now() < deadline => {}
+                // The deadline passed while the pool said no: that is the caller's timeout.
+                Some(_) if failure.is_transient() => return Err(req.timed_out()),
+                _ => return Err(failure.into_error(req.key)),
             }
         }
     }
