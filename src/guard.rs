@@ -5,7 +5,7 @@ use std::future::Future;
 
 use async_trait::async_trait;
 
-use crate::{Error, LockInfo, LossSignal, Result};
+use crate::{Error, LockInfo, LossCause, LossSignal, Result};
 
 /// Proof that a lock is held, handed back by every acquisition
 /// ([`acquire`](crate::LockManagerExt::acquire), [`try_acquire`](crate::LockManagerExt::try_acquire)
@@ -113,13 +113,16 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub async fn run<F: Future>(&self, body: F) -> Result<F::Output> {
-        let loss = self.loss.lost();
+        self.section(body).await.map_err(|cause| Error::LockLost {
+            key: self.info.key.clone(),
+            cause,
+        })
+    }
+
+    /// [`run`](Self::run), with the cause of a loss as the error.
+    pub(crate) async fn section<F: Future>(&self, body: F) -> Result<F::Output, LossCause> {
         let body = crate::scope::inside(self.info.holder_id.clone(), self.info.key.clone(), body);
-        tokio::select! {
-            biased;
-            cause = loss => Err(Error::LockLost { key: self.info.key.clone(), cause }),
-            value = body => Ok(value),
-        }
+        self.loss.run_until_lost(body).await
     }
 
     /// Releases the lock now.

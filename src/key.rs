@@ -3,12 +3,6 @@
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-/// The operation name [`migration_key`] uses: `"migration"`.
-pub const MIGRATION_OPERATION: &str = "migration";
-
-/// The operation name of the cutover lock taken by the migration consumers: `"cutover"`.
-pub const CUTOVER_OPERATION: &str = "cutover";
-
 /// Derives the PostgreSQL advisory lock id of `key`.
 ///
 /// The id is the SHA-256 digest of the key's UTF-8 bytes, of which the first eight bytes are
@@ -75,34 +69,20 @@ pub fn split_lock_id(lock_id: i64) -> (u32, u32) {
 ///
 /// The tenant id is formatted lowercase and hyphenated (`123e4567-e89b-12d3-a456-426614174000`),
 /// exactly as Python's `str(UUID)` does, so the key and its [`lock_id`] match the Python
-/// original's `migration_lock_key`. The migration consumers use
-/// `migration_lock_key(tenant, CUTOVER_OPERATION)` for the cutover lock; use the same helper
-/// (never a hand-written format string) for any lock that must exclude it.
+/// original's `migration_lock_key`. The tenant migration crate, `pglock-migration`, builds its
+/// keys (`"migration"`, `"cutover"`, `"write-gate"`) with it; use the same helper (never a
+/// hand-written format string) for any lock that must exclude them.
 ///
 /// ```
 /// use uuid::Uuid;
 /// let tenant = Uuid::parse_str("123E4567-E89B-12D3-A456-426614174000").unwrap();
 /// assert_eq!(
-///     pglock::migration_lock_key(tenant, pglock::CUTOVER_OPERATION),
+///     pglock::migration_lock_key(tenant, "cutover"),
 ///     "cutover:123e4567-e89b-12d3-a456-426614174000",
 /// );
 /// ```
 pub fn migration_lock_key(tenant_id: Uuid, operation: &str) -> String {
     format!("{operation}:{}", tenant_id.as_hyphenated())
-}
-
-/// Builds the default migration key of a tenant: `"migration:{tenant_id}"`.
-///
-/// Shorthand for `migration_lock_key(tenant_id, MIGRATION_OPERATION)`, the Python original's
-/// default operation.
-///
-/// ```
-/// use uuid::Uuid;
-/// let tenant = Uuid::parse_str("123e4567-e89b-12d3-a456-426614174000").unwrap();
-/// assert_eq!(pglock::migration_key(tenant), "migration:123e4567-e89b-12d3-a456-426614174000");
-/// ```
-pub fn migration_key(tenant_id: Uuid) -> String {
-    migration_lock_key(tenant_id, MIGRATION_OPERATION)
 }
 
 /// A lock's key: what the lock is called, and which PostgreSQL advisory lock it is.
@@ -340,20 +320,6 @@ mod tests {
         for key in ["", "\0", "a\0b", "ключ", "🔒", "\u{FEFF}", big.as_str()] {
             assert!(lock_id(key) >= 0, "{key:?}");
         }
-    }
-
-    #[test]
-    fn distinct_operations_give_distinct_locks() {
-        let tenant = Uuid::from_u128(0x123e4567_e89b_12d3_a456_426614174000);
-        assert_eq!(
-            lock_id(&migration_key(tenant)),
-            7456848863486897745,
-            "printf %s migration:123e4567-e89b-12d3-a456-426614174000 | sha256sum -> 677c0c8883e96e51"
-        );
-        assert_ne!(
-            lock_id(&migration_key(tenant)),
-            lock_id(&migration_lock_key(tenant, CUTOVER_OPERATION))
-        );
     }
 
     #[test]

@@ -288,10 +288,12 @@ impl LeaderElection {
     {
         let (term, _lease) = self.enter_term().await?;
         let info = term.info.clone();
+        // The term's lock is held by the campaign: its work is a critical section of that
+        // lock, run until the lock goes or the campaign ends the term.
         let work = crate::scope::inside(info.holder_id.clone(), info.key.clone(), work(info));
-        match first(term.over(), work).await {
-            First::Left(()) => Err(term.error(&self.key)),
-            First::Right(value) => Ok(value),
+        match first(term.ended.cancelled(), term.loss.run_until_lost(work)).await {
+            First::Right(Ok(value)) => Ok(value),
+            First::Left(()) | First::Right(Err(_)) => Err(term.error(&self.key)),
         }
     }
 
@@ -479,11 +481,6 @@ impl Term {
 
     fn is_over(&self) -> bool {
         self.ended.is_cancelled() || self.loss.is_lost()
-    }
-
-    /// Completes when the term is over.
-    async fn over(&self) {
-        first(self.ended.cancelled(), self.loss.lost()).await;
     }
 
     /// Why the term is over, for the leader work it cut short.

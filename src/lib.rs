@@ -104,6 +104,7 @@ mod error;
 mod ext;
 pub mod fence;
 mod guard;
+pub mod hooks;
 mod identity;
 mod info;
 pub mod inspect;
@@ -128,10 +129,7 @@ pub use crate::ext::LockManagerExt;
 pub use crate::fence::RowFence;
 pub use crate::guard::{GuardBackend, LockGuard};
 pub use crate::info::{LockInfo, LockMode};
-pub use crate::key::{
-    CUTOVER_OPERATION, LockKey, LockTarget, MIGRATION_OPERATION, lock_id, migration_key,
-    migration_lock_key, split_lock_id,
-};
+pub use crate::key::{LockKey, LockTarget, lock_id, migration_lock_key, split_lock_id};
 pub use crate::leader::{LeaderElection, Leadership};
 pub use crate::loss::{LossCause, LossSignal};
 pub use crate::manager::{AcquireOptions, LockManager, Wait};

@@ -145,6 +145,46 @@ impl LossSignal {
             .expect("the cause is set before the token is cancelled")
     }
 
+    /// Runs `work` until it finishes or the signal fires, whichever comes first, and then
+    /// drops it: the one way every recipe of this crate stops work when its lock goes.
+    /// Biased to the signal: work that finishes at the moment the lock goes counts as cut
+    /// short, since it cannot be assumed to have run alone.
+    ///
+    /// [`LockGuard::run`](crate::LockGuard::run) adds to this the refusal of nested
+    /// acquisitions; use this one where the work runs apart from the guard, as a leader's work
+    /// or the steps of a longer operation do.
+    ///
+    /// # Errors
+    ///
+    /// The cause, when the signal fired before `work` finished.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future drops `work`.
+    ///
+    /// ```
+    /// use pglock::{InMemoryLockManager, LockManagerExt, LossCause};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
+    /// let locks = InMemoryLockManager::new();
+    /// let guard = locks.acquire("projection:orders", None).await?;
+    /// let signal = guard.loss_signal().clone();
+    /// locks.release("projection:orders").await?;
+    /// let cut = signal.run_until_lost(std::future::pending::<()>()).await;
+    /// assert_eq!(cut, Err(LossCause::Released));
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_until_lost<F: std::future::Future>(
+        &self,
+        work: F,
+    ) -> Result<F::Output, LossCause> {
+        tokio::select! {
+            biased;
+            cause = self.lost() => Err(cause),
+            output = work => Ok(output),
+        }
+    }
+
     /// A token cancelled when the lock is declared lost, for `select!`, `run_until_cancelled`
     /// or handing to code that already speaks `CancellationToken`.
     pub fn token(&self) -> CancellationToken {

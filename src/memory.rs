@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::timeout_at;
 
-use crate::core::{Backend, Budget, Core, Hook, Options, Request, Slots, delegate_lock_manager};
+use crate::core::{
+    Backend, CommonOptions, Core, HandoffLimits, Request, Slots, delegate_lock_manager,
+};
 use crate::{LockKey, LockMode, LockTarget, LossCause, Result};
 
 /// A [`LockManager`](crate::LockManager) that lives inside one process, for unit tests.
@@ -53,13 +55,8 @@ impl InMemoryLockManager {
     /// Configures a manager.
     pub fn builder() -> InMemoryLockManagerBuilder {
         InMemoryLockManagerBuilder {
-            holder_id: None,
-            tracing: true,
+            common: CommonOptions::default(),
             server: None,
-            meter: Default::default(),
-            lock_budget: None,
-            hook: None,
-            defer_drops: false,
         }
     }
 
@@ -125,13 +122,8 @@ delegate_lock_manager!(InMemoryLockManager);
 /// Builds an [`InMemoryLockManager`].
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct InMemoryLockManagerBuilder {
-    holder_id: Option<String>,
-    tracing: bool,
+    common: CommonOptions,
     server: Option<InMemoryLockServer>,
-    meter: crate::metrics::MeterChoice,
-    lock_budget: Option<usize>,
-    hook: Option<Hook>,
-    defer_drops: bool,
 }
 
 impl InMemoryLockManagerBuilder {
@@ -140,20 +132,20 @@ impl InMemoryLockManagerBuilder {
     /// [`PostgresLockManagerBuilder::lock_budget`](crate::PostgresLockManagerBuilder::lock_budget),
     /// so code that handles a full budget can be tested without a server. Default: no limit.
     pub fn lock_budget(mut self, max_locks: usize) -> Self {
-        self.lock_budget = Some(max_locks);
+        self.common.lock_budget = Some(max_locks);
         self
     }
 
     /// The holder id stamped on every [`LockInfo`](crate::LockInfo). Default:
     /// `{host}:{pid}:{16 random hex digits}`, unique per process and per manager.
     pub fn holder_id(mut self, holder_id: impl Into<String>) -> Self {
-        self.holder_id = Some(holder_id.into());
+        self.common.holder_id = Some(holder_id.into());
         self
     }
 
     /// Whether to emit the [`telemetry`](crate::telemetry) spans. Default: on.
     pub fn tracing(mut self, enabled: bool) -> Self {
-        self.tracing = enabled;
+        self.common.tracing = enabled;
         self
     }
 
@@ -168,7 +160,7 @@ impl InMemoryLockManagerBuilder {
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn meter(mut self, meter: opentelemetry::metrics::Meter) -> Self {
-        self.meter.meter = Some(meter);
+        self.common.meter.meter = Some(meter);
         self
     }
 
@@ -178,24 +170,7 @@ impl InMemoryLockManagerBuilder {
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn metrics_holder_id(mut self, enabled: bool) -> Self {
-        self.meter.holder_id = enabled;
-        self
-    }
-
-    /// Installs a hook awaited at every await point of lock operations (tests only).
-    #[cfg(feature = "testing")]
-    #[doc(hidden)]
-    pub fn stage_hook(mut self, hook: crate::testing::StageHook) -> Self {
-        self.hook = Some(hook);
-        self
-    }
-
-    /// Makes every dropped guard release through the path taken when the registry is busy at
-    /// that moment (tests only).
-    #[cfg(feature = "testing")]
-    #[doc(hidden)]
-    pub fn defer_guard_drops(mut self) -> Self {
-        self.defer_drops = true;
+        self.common.meter.holder_id = enabled;
         self
     }
 
@@ -204,19 +179,7 @@ impl InMemoryLockManagerBuilder {
         let backend = MemoryBackend {
             server: self.server.unwrap_or_default(),
         };
-        let holder_id = self
-            .holder_id
-            .unwrap_or_else(crate::identity::default_holder_id);
-        let metrics = crate::metrics::Metrics::build(self.meter, &holder_id);
-        let options = Options {
-            budget: Budget::new(self.lock_budget, metrics.clone()),
-            metrics,
-            holder_id: holder_id.into(),
-            tracing: self.tracing,
-            hook: self.hook,
-            defer_drops: self.defer_drops,
-            handoff: Some(crate::core::HandoffLimits::DEFAULT),
-        };
+        let options = self.common.into_options(Some(HandoffLimits::DEFAULT));
         InMemoryLockManager {
             core: Arc::new(Core::new(backend, options)),
         }
@@ -226,8 +189,7 @@ impl InMemoryLockManagerBuilder {
 impl fmt::Debug for InMemoryLockManagerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InMemoryLockManagerBuilder")
-            .field("holder_id", &self.holder_id)
-            .field("tracing", &self.tracing)
+            .field("common", &self.common)
             .finish_non_exhaustive()
     }
 }

@@ -17,6 +17,60 @@
 //! Spans are emitted at `INFO` level and can be switched off per manager with the builders'
 //! `tracing(false)`.
 
+/// Records how an operation's span ended: the outcome it finished with, or
+/// [`outcome::CANCELLED`] when its future was dropped first.
+///
+/// Every span of this crate and of `pglock-migration` declares an outcome field and records it
+/// this way; it is public so that crates built on pglock can give their spans the same shape.
+///
+/// ```
+/// use pglock::telemetry::SpanOutcome;
+///
+/// let span = tracing::info_span!("my.operation", my.outcome = tracing::field::Empty);
+/// let mut outcome = SpanOutcome::new(span, "my.outcome");
+/// // ... the operation; if this future is dropped here, the span says "cancelled" ...
+/// outcome.finish("done", false);
+/// ```
+#[derive(Debug)]
+pub struct SpanOutcome {
+    span: tracing::Span,
+    field: &'static str,
+    done: bool,
+}
+
+impl SpanOutcome {
+    /// Watches `span`, whose outcome field is `field`.
+    pub fn new(span: tracing::Span, field: &'static str) -> Self {
+        SpanOutcome {
+            span,
+            field,
+            done: false,
+        }
+    }
+
+    /// The span.
+    pub fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+
+    /// Records `outcome`, and `otel.status_code = ERROR` when the operation `failed`.
+    pub fn finish(&mut self, outcome: &'static str, failed: bool) {
+        self.span.record(self.field, outcome);
+        if failed {
+            self.span.record("otel.status_code", "ERROR");
+        }
+        self.done = true;
+    }
+}
+
+impl Drop for SpanOutcome {
+    fn drop(&mut self) {
+        if !self.done {
+            self.span.record(self.field, outcome::CANCELLED);
+        }
+    }
+}
+
 /// Span around the wait of one blocking acquisition.
 pub const ACQUIRE_SPAN: &str = "pglock.acquire";
 /// Span around one non-blocking acquisition.

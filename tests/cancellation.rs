@@ -10,6 +10,8 @@
 
 mod common;
 
+use common::hooked::BuildHooked;
+
 use std::future::Future;
 use std::time::Duration;
 
@@ -67,9 +69,7 @@ impl Pg {
 
     fn manager_parking_at(&self, stage: Stage) -> (PostgresLockManager, pglock::testing::Pause) {
         let (hook, pause) = pause_at(stage);
-        let manager = common::manager_for(self.pool.clone(), &self.app)
-            .stage_hook(hook)
-            .build();
+        let manager = common::manager_for(self.pool.clone(), &self.app).build_with_stage_hook(hook);
         (manager, pause)
     }
 
@@ -318,8 +318,7 @@ async fn in_memory_operations_cancelled_at_each_stage() {
         let (hook, pause) = pause_at(stage);
         let manager = InMemoryLockManager::builder()
             .server(&server)
-            .stage_hook(hook)
-            .build();
+            .build_with_stage_hook(hook);
         (manager, pause)
     };
     let assert_free = |manager: InMemoryLockManager, key: String| {

@@ -3,6 +3,8 @@
 
 mod common;
 
+use common::hooked::BuildHooked;
+
 use std::time::Duration;
 
 use common::proxy::Proxy;
@@ -162,9 +164,8 @@ async fn tokens_keep_increasing_across_handoffs_of_a_lock_won_by_a_wait() {
     let stages = StageCounts::default();
     let locks = PostgresLockManager::builder(pool_named(4, &app_name("fence-wait-relay")).await)
         .fencing(table.clone())
-        .stage_hook(stages.hook())
         .handoff_limits(16, Duration::from_secs(10))
-        .build();
+        .build_with_stage_hook(stages.hook());
     let holder = fenced(pool_named(2, &app_name("fence-wait-holder")).await, &table);
     let key = key("fence-wait-relay");
     let first = holder

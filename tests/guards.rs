@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::hooked::BuildHooked;
+
 use std::time::Duration;
 
 use common::{app_name, eventually, key, lock_rows, observer, pool_named};
@@ -62,7 +64,7 @@ async fn stale_deferred_drop_spares_the_newer_acquisition(
 
 #[tokio::test]
 async fn in_memory_stale_guards_dropped_while_the_registry_is_busy_release_nothing() {
-    let locks = InMemoryLockManager::builder().defer_guard_drops().build();
+    let locks = InMemoryLockManager::builder().build_deferring_drops();
     stale_deferred_drop_spares_the_newer_acquisition(&locks, None).await;
 }
 
@@ -70,8 +72,7 @@ async fn in_memory_stale_guards_dropped_while_the_registry_is_busy_release_nothi
 async fn postgres_stale_guards_dropped_while_the_registry_is_busy_release_nothing() {
     let observer = observer().await;
     let locks = PostgresLockManager::builder(pool_named(3, &app_name("deferred")).await)
-        .defer_guard_drops()
-        .build();
+        .build_deferring_drops();
     stale_deferred_drop_spares_the_newer_acquisition(&locks, Some(&observer)).await;
     eventually("no lock of the manager is left", || async {
         locks.held_lock_count() == 0
@@ -100,14 +101,13 @@ async fn a_dropped_guard_is_not_held_by_its_task(locks: &dyn LockManager) {
 
 #[tokio::test]
 async fn in_memory_a_task_that_dropped_its_guard_may_ask_again() {
-    let locks = InMemoryLockManager::builder().defer_guard_drops().build();
+    let locks = InMemoryLockManager::builder().build_deferring_drops();
     a_dropped_guard_is_not_held_by_its_task(&locks).await;
 }
 
 #[tokio::test]
 async fn postgres_a_task_that_dropped_its_guard_may_ask_again() {
     let locks = PostgresLockManager::builder(pool_named(3, &app_name("dropped-again")).await)
-        .defer_guard_drops()
-        .build();
+        .build_deferring_drops();
     a_dropped_guard_is_not_held_by_its_task(&locks).await;
 }

@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::hooked::BuildHooked;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -77,9 +79,8 @@ async fn queued_local_tasks_inherit_the_session_without_a_round_trip() {
     let stages = StageCounts::default();
     // A generous time bound: the first holder waits for the others to queue before it lets go.
     let locks = PostgresLockManager::builder(pool_named(4, &app_name("handoff")).await)
-        .stage_hook(stages.hook())
         .handoff_limits(16, Duration::from_secs(10))
-        .build();
+        .build_with_stage_hook(stages.hook());
     let key = key("handoff");
     let seen = relay(&locks, &stages, &observer, &key).await;
     // The same session held the lock for all three, and sent no statement in between: no
@@ -96,9 +97,8 @@ async fn without_handoff_every_task_goes_to_the_server() {
     let observer = observer().await;
     let stages = StageCounts::default();
     let locks = PostgresLockManager::builder(pool_named(4, &app_name("no-handoff")).await)
-        .stage_hook(stages.hook())
         .handoff_limits(0, Duration::ZERO)
-        .build();
+        .build_with_stage_hook(stages.hook());
     let key = key("no-handoff");
     let seen = relay(&locks, &stages, &observer, &key).await;
     // Each holder took the lock with a statement of its own.

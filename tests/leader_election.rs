@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::hooked::BuildHooked;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::convert::Infallible;
 use std::future::Future;
@@ -796,8 +798,7 @@ async fn cancelled_election_calls_leave_nothing_held() {
     let leader_locks = PostgresLockManager::builder(pool_named(3, &leader_app).await)
         .holder_id(&leader_app)
         .probe_interval(PROBE)
-        .stage_hook(hook)
-        .build();
+        .build_with_stage_hook(hook);
     let leader = LeaderElection::builder(Arc::new(leader_locks.clone()), &name)
         .retry_interval(Duration::from_millis(50))
         .start();

@@ -2,6 +2,8 @@
 
 mod common;
 
+use common::hooked::BuildHooked;
+
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -528,9 +530,8 @@ async fn in_process_contenders_share_one_session() {
     let observer = observer().await;
     let app = app_name("contenders");
     let stages = StageCounts::default();
-    let locks = common::manager_for(pool_named(8, &app).await, &app)
-        .stage_hook(stages.hook())
-        .build();
+    let locks =
+        common::manager_for(pool_named(8, &app).await, &app).build_with_stage_hook(stages.hook());
     let key = key("contenders");
     let guard = locks.acquire(&key, None).await.expect("acquire");
     let mut waiters = Vec::new();

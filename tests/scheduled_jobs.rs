@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::hooked::BuildHooked;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -200,9 +202,8 @@ async fn a_check_that_passed_before_another_run_does_not_run_the_window_again() 
     let name = job_name("race");
     let (hook, pause) = pause_at(Stage::Server);
     let app = app_name("job-late");
-    let late_locks = common::manager_for(pool_named(3, &app).await, &app)
-        .stage_hook(hook)
-        .build();
+    let late_locks =
+        common::manager_for(pool_named(3, &app).await, &app).build_with_stage_hook(hook);
     let late = job(&late_locks, &table, &name)
         .min_hold(Duration::ZERO)
         .build()

@@ -9,6 +9,8 @@
 
 mod common;
 
+use common::hooked::BuildHooked;
+
 use std::future::Future;
 use std::pin::pin;
 use std::time::Duration;
@@ -44,14 +46,13 @@ impl Harness {
     ) -> (Harness, Option<Pause>) {
         let app = app_name(label);
         let builder = common::manager_for(pool_named(3, &app).await, &app);
-        let (builder, pause) = match stage {
+        let (locks, pause) = match stage {
             Some(stage) => {
                 let (hook, pause) = pause_at(stage);
-                (builder.stage_hook(hook), Some(pause))
+                (builder.build_with_stage_hook(hook), Some(pause))
             }
-            None => (builder, None),
+            None => (builder.build(), None),
         };
-        let locks = builder.build();
         let (table_name, table) = private_table();
         let name = job_name(label);
         let job = job_on(&locks, table, &name, max_hold);

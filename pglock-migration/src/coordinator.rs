@@ -15,7 +15,7 @@ use crate::model::{
 };
 use crate::plugins::{CopyRequest, EventCopier, StoreRegistry, SyncLag};
 use crate::store::{MigrationStore, RoutingChange, Transition};
-use crate::telemetry::{self, Recorder, outcome};
+use crate::telemetry::{self, outcome};
 use crate::{Error, Result};
 use pglock::{LockManager, LockManagerExt};
 
@@ -523,7 +523,7 @@ impl MigrationCoordinator {
         } else {
             Span::none()
         };
-        let mut recorder = Recorder::new(span.clone());
+        let mut recorder = telemetry::recorder(span.clone());
         let result = self.trigger(id, &span).instrument(span.clone()).await;
         match &result {
             Ok(_) => recorder.finish(outcome::SUCCEEDED, false),

@@ -5,11 +5,10 @@ use std::time::Duration;
 use sqlx::PgTransaction;
 use uuid::Uuid;
 
-use crate::{Error, Result};
-use pglock::{LockGuard, LockManager, LockManagerExt, lock_id, migration_lock_key};
-
-/// The operation name of a tenant's write gate key: `"write-gate"`.
-pub const WRITE_GATE_OPERATION: &str = "write-gate";
+use crate::{Error, Result, WRITE_GATE_OPERATION};
+use pglock::{
+    LockGuard, LockManager, LockManagerExt, TransactionLock, lock_id, migration_lock_key,
+};
 
 /// A tenant's write gate: the advisory lock that makes the cutover's write pause hold across
 /// processes.
@@ -30,9 +29,9 @@ pub const WRITE_GATE_OPERATION: &str = "write-gate";
 ///
 /// # Writers on PostgreSQL
 ///
-/// [`enter`](WriteGate::enter) runs `pg_advisory_xact_lock_shared` in the writer's own
-/// transaction, so the gate is held exactly until that transaction commits or rolls back, and
-/// costs no extra connection. The transaction must run on the database of the cutover's
+/// [`enter`](WriteGate::enter) takes the gate as a shared [`TransactionLock`] in the writer's
+/// own transaction (`pg_advisory_xact_lock_shared`), so the gate is held exactly until that
+/// transaction commits or rolls back, and costs no extra connection. The transaction must run on the database of the cutover's
 /// [`PostgresLockManager`](pglock::PostgresLockManager): if the event stores live elsewhere,
 /// open the gate transaction there and keep it open around the write.
 ///
@@ -80,27 +79,22 @@ impl WriteGate {
     /// Enters the gate for the rest of `tx`, waiting while a cutover holds it.
     ///
     /// The wait is bounded only by the transaction's own `lock_timeout` or
-    /// `statement_timeout`, if set (the error is then a
-    /// [`Storage`](Error::Storage) carrying the server's message).
+    /// `statement_timeout`, if set (the error then carries the server's message).
     ///
     /// # Errors
     ///
-    /// [`Error::Storage`] when the statement fails.
+    /// [`Error::Lock`] with the errors of [`TransactionLock::acquire`]: `tx` not in a
+    /// transaction block, a standby, the server's refusal, a broken connection.
     ///
     /// # Cancel safety
     ///
-    /// As cancel safe as any statement on `tx`: a dropped wait leaves the transaction unusable,
-    /// and sqlx rolls it back when it is dropped, which releases the gate.
+    /// As for [`TransactionLock::acquire`]: a dropped call leaves the transaction either
+    /// without the gate or holding it until the transaction ends.
     pub async fn enter(tx: &mut PgTransaction<'_>, tenant_id: Uuid) -> Result<()> {
-        sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
-            .bind(Self::lock_id(tenant_id))
-            .execute(&mut **tx)
+        Self::transaction_lock(tenant_id)
+            .acquire(tx, None)
             .await
-            .map_err(|source| Error::Storage {
-                operation: "enter the write gate",
-                source,
-            })?;
-        Ok(())
+            .map_err(Error::Lock)
     }
 
     /// Enters the gate for the rest of `tx` if no cutover holds or awaits it; returns whether
@@ -108,20 +102,22 @@ impl WriteGate {
     ///
     /// # Errors
     ///
-    /// [`Error::Storage`] when the statement fails.
+    /// As for [`enter`](WriteGate::enter).
     ///
     /// # Cancel safety
     ///
-    /// As for [`enter`](WriteGate::enter).
+    /// As for [`TransactionLock::try_acquire`].
     pub async fn try_enter(tx: &mut PgTransaction<'_>, tenant_id: Uuid) -> Result<bool> {
-        sqlx::query_scalar("SELECT pg_try_advisory_xact_lock_shared($1)")
-            .bind(Self::lock_id(tenant_id))
-            .fetch_one(&mut **tx)
+        Self::transaction_lock(tenant_id)
+            .try_acquire(tx)
             .await
-            .map_err(|source| Error::Storage {
-                operation: "enter the write gate",
-                source,
-            })
+            .map_err(Error::Lock)
+    }
+
+    /// The gate as a lock of the writer's transaction: shared, so writers never exclude each
+    /// other, only the cutover's exclusive hold.
+    fn transaction_lock(tenant_id: Uuid) -> TransactionLock {
+        TransactionLock::shared(Self::key(tenant_id))
     }
 
     /// Enters the gate through `locks` in shared mode and returns the guard that holds it.

@@ -96,6 +96,7 @@ mod coordinator;
 mod cutover;
 mod error;
 mod gate;
+mod keys;
 mod memory;
 mod model;
 mod plugins;
@@ -112,7 +113,8 @@ pub use cutover::{
     CutoverResult, DEFAULT_LOCK_TIMEOUT, NotReady, Readiness,
 };
 pub use error::{Error, Result};
-pub use gate::{WRITE_GATE_OPERATION, WriteGate};
+pub use gate::WriteGate;
+pub use keys::{CUTOVER_OPERATION, MIGRATION_OPERATION, WRITE_GATE_OPERATION, migration_key};
 pub use memory::InMemoryMigrationStore;
 pub use model::{
     AuditEntry, AuditEvent, Migration, MigrationConfig, MigrationPhase, NewMigration, RoutingState,

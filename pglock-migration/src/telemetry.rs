@@ -69,31 +69,8 @@ pub mod outcome {
     pub const CANCELLED: &str = "cancelled";
 }
 
-/// Records a span's outcome when an operation ends, and `cancelled` if it never does (the
+/// Records `span`'s [`OUTCOME`] when an operation ends, and `cancelled` if it never does (the
 /// caller dropped the future).
-pub(crate) struct Recorder {
-    span: tracing::Span,
-    done: bool,
-}
-
-impl Recorder {
-    pub(crate) fn new(span: tracing::Span) -> Self {
-        Recorder { span, done: false }
-    }
-
-    pub(crate) fn finish(&mut self, value: &'static str, failed: bool) {
-        self.span.record(OUTCOME, value);
-        if failed {
-            self.span.record("otel.status_code", "ERROR");
-        }
-        self.done = true;
-    }
-}
-
-impl Drop for Recorder {
-    fn drop(&mut self) {
-        if !self.done {
-            self.span.record(OUTCOME, outcome::CANCELLED);
-        }
-    }
+pub(crate) fn recorder(span: tracing::Span) -> pglock::telemetry::SpanOutcome {
+    pglock::telemetry::SpanOutcome::new(span, OUTCOME)
 }

@@ -10,17 +10,18 @@
 //! | `turn.rs` | the per-key FIFO queue of one manager's tasks, and the in-process handoff |
 //! | `slots.rs` | the table of per-key queues, which forgets keys nobody waits for |
 //! | `budget.rs` | how many locks the manager may hold at once |
+//! | `options.rs` | what the engine is built with, and the part both managers' builders share |
 //! | `spans.rs` | tracing spans and their outcomes |
 
 mod budget;
 mod guard;
+mod options;
 mod registry;
 mod slots;
 mod spans;
 mod turn;
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -32,11 +33,12 @@ use tracing::Instrument;
 pub(crate) use self::budget::Budget;
 use self::budget::Slot;
 use self::guard::CoreGuard;
+pub(crate) use self::options::{CommonOptions, HandoffLimits, Options};
 pub(crate) use self::registry::Watched;
 use self::registry::{Granted, State};
 pub(crate) use self::slots::Slots;
-use self::spans::Outcome;
 use self::turn::TurnPermit;
+use crate::hooks::{Stage, StageHook};
 use crate::manager::{AcquireOptions, Wait};
 use crate::telemetry::outcome;
 use crate::{Error, LockGuard, LockInfo, LockKey, LockMode, LockTarget, LossCause, Result};
@@ -167,56 +169,6 @@ impl<B: Backend> LockTable for Core<B> {
     }
 }
 
-/// The await points of lock operations, named so tests can stop an operation at each of them
-/// and cancel it there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-#[cfg_attr(not(feature = "testing"), allow(unreachable_pub, dead_code))]
-pub enum Stage {
-    /// Before waiting for the manager's own turn on the key.
-    Turn,
-    /// Before asking the server for the lock (a lock session, or a wait of its own).
-    Server,
-    /// After the server granted the lock, before the registry records it.
-    Register,
-    /// After the registry forgot the lock, before the unlock is sent.
-    Unlock,
-}
-
-/// A test hook awaited at every [`Stage`] with the key's display form; it may park the
-/// operation there.
-#[cfg_attr(not(feature = "testing"), allow(unreachable_pub, dead_code))]
-pub type Hook =
-    Arc<dyn Fn(Stage, &str) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync + 'static>;
-
-pub(crate) struct Options {
-    pub(crate) metrics: crate::metrics::Metrics,
-    pub(crate) holder_id: Arc<str>,
-    pub(crate) tracing: bool,
-    pub(crate) hook: Option<Hook>,
-    pub(crate) handoff: Option<HandoffLimits>,
-    pub(crate) budget: Arc<Budget>,
-    /// Tests only: a dropped guard always takes the path used when the registry is busy.
-    pub(crate) defer_drops: bool,
-}
-
-/// When a holder releases while another task of the same manager waits for the key, the lock
-/// goes straight to that task (its session never unlocks), at most `max_handoffs` times in a
-/// row and for at most `max_hold` since the server granted it; then it goes back to the server
-/// queue, so other processes waiting there get their turn.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct HandoffLimits {
-    pub(crate) max_handoffs: u32,
-    pub(crate) max_hold: Duration,
-}
-
-impl HandoffLimits {
-    pub(crate) const DEFAULT: HandoffLimits = HandoffLimits {
-        max_handoffs: 16,
-        max_hold: Duration::from_millis(10),
-    };
-}
-
 pub(crate) struct Core<B: Backend> {
     pub(crate) backend: B,
     state: Mutex<State<B::Session>>,
@@ -227,7 +179,7 @@ pub(crate) struct Core<B: Backend> {
     generations: AtomicU64,
     holder_id: Arc<str>,
     tracing: bool,
-    hook: Option<Hook>,
+    hook: Option<StageHook>,
     handoff: Option<HandoffLimits>,
     budget: Arc<Budget>,
     defer_drops: bool,
@@ -299,7 +251,7 @@ impl<B: Backend> Core<B> {
         let target = key.target();
         let lock_id = target.packed();
         let span = spans::acquire_span(self.tracing, key, lock_id, mode, timeout, self.holder_id());
-        let mut recorder = Outcome::new(span.clone());
+        let mut recorder = spans::outcome(span.clone());
         let started = Instant::now();
         let request = Request {
             key,
@@ -392,7 +344,7 @@ impl<B: Backend> Core<B> {
         let target = key.target();
         let lock_id = target.packed();
         let span = spans::try_acquire_span(self.tracing, key, lock_id, mode, self.holder_id());
-        let mut recorder = Outcome::new(span.clone());
+        let mut recorder = spans::outcome(span.clone());
         let started = Instant::now();
         let request = Request {
             key,

@@ -260,7 +260,7 @@ impl<B: Backend> Core<B> {
     }
 
     pub(super) fn release_outcome(&self, key: &LockKey, how: &'static str) -> Outcome {
-        Outcome::new(spans::release_span(
+        spans::outcome(spans::release_span(
             self.tracing,
             key,
             self.holder_id(),

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tracing::{Span, field::Empty};
 
-use crate::telemetry::{self, outcome};
+use crate::telemetry;
 use crate::{LockKey, LockMode};
 
 pub(crate) fn acquire_span(
@@ -100,35 +100,11 @@ pub(crate) fn lost(
 }
 
 /// Records a span's outcome when an operation ends, and `cancelled` if it never does.
-pub(crate) struct Outcome {
-    span: Span,
-    done: bool,
-}
+pub(crate) type Outcome = crate::telemetry::SpanOutcome;
 
-impl Outcome {
-    pub(crate) fn new(span: Span) -> Self {
-        Outcome { span, done: false }
-    }
-
-    pub(crate) fn span(&self) -> &Span {
-        &self.span
-    }
-
-    pub(crate) fn finish(&mut self, outcome: &'static str, failed: bool) {
-        self.span.record(telemetry::OUTCOME, outcome);
-        if failed {
-            self.span.record("otel.status_code", "ERROR");
-        }
-        self.done = true;
-    }
-}
-
-impl Drop for Outcome {
-    fn drop(&mut self) {
-        if !self.done {
-            self.span.record(telemetry::OUTCOME, outcome::CANCELLED);
-        }
-    }
+/// A lock operation's outcome recorder: its span's outcome field is [`telemetry::OUTCOME`].
+pub(crate) fn outcome(span: Span) -> Outcome {
+    crate::telemetry::SpanOutcome::new(span, telemetry::OUTCOME)
 }
 
 pub(crate) fn duration_ms(duration: Duration) -> f64 {

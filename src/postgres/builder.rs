@@ -15,14 +15,13 @@ use super::monitor::{Monitor, Probe};
 use super::sessions::{LockSessions, SessionsConfig};
 use super::statements::Statements;
 use super::wait_session::IdleSessions;
-use crate::core::{Budget, Core, HandoffLimits, Hook, Options};
+use crate::core::{Budget, CommonOptions, Core, HandoffLimits};
 
 /// Builds a [`PostgresLockManager`].
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct PostgresLockManagerBuilder {
     pool: PgPool,
-    holder_id: Option<String>,
-    tracing: bool,
+    common: CommonOptions,
     release_timeout: Duration,
     fencing: Option<FencingTable>,
     tag_prefix: Option<String>,
@@ -33,18 +32,13 @@ pub struct PostgresLockManagerBuilder {
     lock_sessions: usize,
     session_idle_timeout: Duration,
     allow_standby: bool,
-    lock_budget: Option<usize>,
-    meter: crate::metrics::MeterChoice,
-    hook: Option<Hook>,
-    defer_drops: bool,
 }
 
 impl PostgresLockManagerBuilder {
     pub(super) fn new(pool: PgPool) -> Self {
         PostgresLockManagerBuilder {
             pool,
-            holder_id: None,
-            tracing: true,
+            common: CommonOptions::default(),
             release_timeout: Duration::from_secs(5),
             fencing: None,
             tag_prefix: Some("pglock:".to_owned()),
@@ -55,10 +49,6 @@ impl PostgresLockManagerBuilder {
             lock_sessions: 2,
             session_idle_timeout: Duration::from_secs(10),
             allow_standby: false,
-            lock_budget: None,
-            meter: Default::default(),
-            hook: None,
-            defer_drops: false,
         }
     }
 
@@ -69,13 +59,13 @@ impl PostgresLockManagerBuilder {
     /// replicas says nothing about who holds a lock. It is never interpolated into SQL.
     /// Default: `{host}:{pid}:{16 random hex digits}`, unique per process and per manager.
     pub fn holder_id(mut self, holder_id: impl Into<String>) -> Self {
-        self.holder_id = Some(holder_id.into());
+        self.common.holder_id = Some(holder_id.into());
         self
     }
 
     /// Whether to emit the [`telemetry`](crate::telemetry) spans. Default: on.
     pub fn tracing(mut self, enabled: bool) -> Self {
-        self.tracing = enabled;
+        self.common.tracing = enabled;
         self
     }
 
@@ -156,7 +146,7 @@ impl PostgresLockManagerBuilder {
     /// else uses it; [`PostgresLockManager::lock_budget`](crate::PostgresLockManager::lock_budget)
     /// says what is in force.
     pub fn lock_budget(mut self, max_locks: usize) -> Self {
-        self.lock_budget = Some(max_locks);
+        self.common.lock_budget = Some(max_locks);
         self
     }
 
@@ -227,7 +217,7 @@ impl PostgresLockManagerBuilder {
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn meter(mut self, meter: opentelemetry::metrics::Meter) -> Self {
-        self.meter.meter = Some(meter);
+        self.common.meter.meter = Some(meter);
         self
     }
 
@@ -237,68 +227,78 @@ impl PostgresLockManagerBuilder {
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn metrics_holder_id(mut self, enabled: bool) -> Self {
-        self.meter.holder_id = enabled;
-        self
-    }
-
-    /// Installs a hook awaited at every await point of lock operations (tests only).
-    #[cfg(feature = "testing")]
-    #[doc(hidden)]
-    pub fn stage_hook(mut self, hook: crate::testing::StageHook) -> Self {
-        self.hook = Some(hook);
-        self
-    }
-
-    /// Makes every dropped guard release through the path taken when the registry is busy at
-    /// that moment (tests only).
-    #[cfg(feature = "testing")]
-    #[doc(hidden)]
-    pub fn defer_guard_drops(mut self) -> Self {
-        self.defer_drops = true;
+        self.common.meter.holder_id = enabled;
         self
     }
 
     /// Builds the manager. Nothing touches the database yet.
     pub fn build(self) -> PostgresLockManager {
-        let holder_id = self
-            .holder_id
-            .unwrap_or_else(crate::identity::default_holder_id);
-        let tag = self
-            .tag_prefix
-            .map(|prefix| crate::identity::application_name(&format!("{prefix}{holder_id}")));
-        let statements = Arc::new(Statements::new(self.fencing, tag));
-        let probe = self.probe_interval.map(|interval| Probe {
-            interval,
-            grace: self.probe_grace,
-            allow_standby: self.allow_standby,
+        let options = self.common.into_options(self.handoff);
+        let tag = (self.tag_prefix.as_ref()).map(|prefix| {
+            crate::identity::application_name(&format!("{prefix}{}", options.holder_id))
         });
+        let backend = Backend {
+            statements: Arc::new(Statements::new(self.fencing, tag)),
+            pool: self.pool,
+            probe: self.probe_interval.map(|interval| Probe {
+                interval,
+                grace: self.probe_grace,
+                allow_standby: self.allow_standby,
+            }),
+            release_timeout: self.release_timeout,
+            session_idle_timeout: self.session_idle_timeout,
+            lock_sessions: self.lock_sessions,
+            allow_standby: self.allow_standby,
+            idle_sessions: self.idle_sessions,
+        }
+        .assemble(Arc::clone(&options.budget));
+        PostgresLockManager {
+            core: Arc::new(Core::new(backend, options)),
+        }
+    }
+}
+
+/// The backend's settings, as the builder gathered them.
+struct Backend {
+    statements: Arc<Statements>,
+    pool: PgPool,
+    probe: Option<Probe>,
+    release_timeout: Duration,
+    session_idle_timeout: Duration,
+    lock_sessions: usize,
+    allow_standby: bool,
+    idle_sessions: (usize, Duration),
+}
+
+impl Backend {
+    /// The backend: its lost-lock monitor, its lock sessions and its kept wait sessions.
+    fn assemble(self, budget: Arc<Budget>) -> PgBackend {
         let monitor = Monitor::new(
-            probe,
+            self.probe,
             self.pool.connect_options().as_ref(),
             &monitor_name(&self.pool),
         );
         let fencing_ready = Arc::new(OnceCell::new());
-        let metrics = crate::metrics::Metrics::build(self.meter, &holder_id);
-        let budget = Budget::new(self.lock_budget, metrics.clone());
         let context = Arc::new(SessionContext {
-            statements: Arc::clone(&statements),
+            statements: Arc::clone(&self.statements),
             statement_timeout: self.release_timeout,
             idle_timeout: self.session_idle_timeout,
         });
+        let config = SessionsConfig {
+            max: self.lock_sessions,
+            statement_timeout: self.release_timeout,
+            allow_standby: self.allow_standby,
+        };
         let sessions = LockSessions::new(
             self.pool.clone(),
-            SessionsConfig {
-                max: self.lock_sessions,
-                statement_timeout: self.release_timeout,
-                allow_standby: self.allow_standby,
-            },
+            config,
             context,
             Arc::clone(&fencing_ready),
             Arc::clone(&monitor),
             Arc::clone(&budget),
         );
-        let backend = PgBackend {
-            statements,
+        PgBackend {
+            statements: self.statements,
             sessions,
             fencing_ready,
             monitor,
@@ -307,19 +307,7 @@ impl PostgresLockManagerBuilder {
             answer_grace: Duration::from_millis(250),
             allow_standby: self.allow_standby,
             idle: IdleSessions::new(self.idle_sessions.0, self.idle_sessions.1),
-            budget: Arc::clone(&budget),
-        };
-        let options = Options {
-            metrics,
             budget,
-            holder_id: holder_id.into(),
-            tracing: self.tracing,
-            hook: self.hook,
-            defer_drops: self.defer_drops,
-            handoff: self.handoff,
-        };
-        PostgresLockManager {
-            core: Arc::new(Core::new(backend, options)),
         }
     }
 }
@@ -344,8 +332,7 @@ fn monitor_name(pool: &PgPool) -> String {
 impl fmt::Debug for PostgresLockManagerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresLockManagerBuilder")
-            .field("holder_id", &self.holder_id)
-            .field("tracing", &self.tracing)
+            .field("common", &self.common)
             .field("release_timeout", &self.release_timeout)
             .field("probe_interval", &self.probe_interval)
             .field("probe_grace", &self.probe_grace)
@@ -353,7 +340,6 @@ impl fmt::Debug for PostgresLockManagerBuilder {
             .field("lock_sessions", &self.lock_sessions)
             .field("session_idle_timeout", &self.session_idle_timeout)
             .field("allow_standby", &self.allow_standby)
-            .field("lock_budget", &self.lock_budget)
             .field("idle_sessions", &self.idle_sessions)
             .finish_non_exhaustive()
     }

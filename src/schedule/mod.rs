@@ -115,7 +115,7 @@ pub use self::outcome::{JobRun, RunOutcome, Skip};
 pub use self::table::JobTable;
 
 use self::outcome::{Record, State};
-use crate::telemetry::job as names;
+use crate::telemetry::{SpanOutcome, job as names};
 use crate::{LockGuard, LockKey, LockManager, LockManagerExt, LossCause, PostgresLockManager};
 
 /// A job that runs at most once per window across every process sharing a database. See the
@@ -238,9 +238,9 @@ impl ScheduledJob {
             { names::OUTCOME } = Empty,
             otel.status_code = Empty,
         );
-        let mut recorder = Recorder(Some(span.clone()));
+        let mut recorder = SpanOutcome::new(span.clone(), names::OUTCOME);
         let result = self.attempt(body, &span).instrument(span.clone()).await;
-        recorder.finish(&result);
+        finish(&mut recorder, &result);
         result
     }
 
@@ -293,15 +293,18 @@ impl ScheduledJob {
         Fut: Future<Output = T> + Send,
         T: Send,
     {
-        let loss = guard.loss_signal().clone();
-        // `select!` drops the body before anything below runs: nothing is given up or
-        // released while it can still act.
-        let ended = tokio::select! {
-            biased;
-            cause = loss.lost() => Err(Ended::Lost(cause)),
-            () = sleep_until(deadline) => Err(Ended::Overran),
-            value = body(run.clone()) => Ok(value),
+        // The body runs as the job lock's critical section, cut off at the max hold; both
+        // ends drop it before anything below runs, so nothing is given up or released while
+        // it can still act. A loss wins over an overrun, and either over a body finishing at
+        // the same moment.
+        let run_body = async {
+            tokio::select! {
+                biased;
+                () = sleep_until(deadline) => Err(Ended::Overran),
+                value = body(run.clone()) => Ok(value),
+            }
         };
+        let ended = (guard.section(run_body).await).unwrap_or_else(|cause| Err(Ended::Lost(cause)));
         match ended {
             Ok(value) => {
                 if let Err(err) = claim.finish().await {
@@ -569,34 +572,19 @@ impl Drop for Claim {
 }
 
 /// Records the run span's outcome, `cancelled` if the run's future is dropped first.
-struct Recorder(Option<Span>);
-
-impl Recorder {
-    fn finish<T>(&mut self, result: &Result<RunOutcome<T>>) {
-        let Some(span) = self.0.take() else { return };
-        let (outcome, failed) = match result {
-            Ok(RunOutcome::Ran { .. }) => (names::outcome::RAN, false),
-            Ok(RunOutcome::Skipped { reason, .. }) => (reason.as_str(), false),
-            Err(Error::Overran { .. }) => (names::outcome::OVERRAN, true),
-            Err(Error::Lock(lock)) if lock.is_lost() => (names::outcome::LOST, true),
-            Err(err) => {
-                tracing::warn!(parent: &span, error = %err, "scheduled job failed");
-                (names::outcome::ERROR, true)
-            }
-        };
-        span.record(names::OUTCOME, outcome);
-        if failed {
-            span.record("otel.status_code", "ERROR");
+/// Records how a run ended on its span.
+fn finish<T>(recorder: &mut SpanOutcome, result: &Result<RunOutcome<T>>) {
+    let (outcome, failed) = match result {
+        Ok(RunOutcome::Ran { .. }) => (names::outcome::RAN, false),
+        Ok(RunOutcome::Skipped { reason, .. }) => (reason.as_str(), false),
+        Err(Error::Overran { .. }) => (names::outcome::OVERRAN, true),
+        Err(Error::Lock(lock)) if lock.is_lost() => (names::outcome::LOST, true),
+        Err(err) => {
+            tracing::warn!(parent: recorder.span(), error = %err, "scheduled job failed");
+            (names::outcome::ERROR, true)
         }
-    }
-}
-
-impl Drop for Recorder {
-    fn drop(&mut self) {
-        if let Some(span) = self.0.take() {
-            span.record(names::OUTCOME, names::outcome::CANCELLED);
-        }
-    }
+    };
+    recorder.finish(outcome, failed);
 }
 
 impl fmt::Debug for ScheduledJob {

@@ -28,14 +28,14 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, Semaphore};
 
-pub use crate::core::{Hook as StageHook, Stage};
+pub use crate::hooks::{Stage, StageHook};
 pub use pgbouncer::{HOW_TO_GET_PGBOUNCER, PoolMode, TempPgBouncer};
 pub use server::{TempPostgres, database_url, shared_server};
 
 /// A hook that parks the first operation reaching `stage` until [`Pause::resume`] (or forever),
 /// so a test can cancel the operation exactly there.
 ///
-/// Install the hook with the builders' hidden `stage_hook` method:
+/// Give the hook to a manager by building it inside [`hooks::build_with`](crate::hooks::build_with):
 ///
 /// ```
 /// use pglock::{InMemoryLockManager, LockManager, LockManagerExt};
@@ -43,7 +43,8 @@ pub use server::{TempPostgres, database_url, shared_server};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let (hook, pause) = pause_at(Stage::Register);
-/// let manager = InMemoryLockManager::builder().stage_hook(hook).build();
+/// let hooks = pglock::hooks::Hooks::new().stage(hook);
+/// let manager = pglock::hooks::build_with(hooks, || InMemoryLockManager::builder().build());
 /// let acquire = manager.acquire("k", None);
 /// tokio::select! {
 ///     _ = acquire => unreachable!("parked before it could register"),

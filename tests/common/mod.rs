@@ -4,6 +4,7 @@
 pub mod child;
 pub mod cli;
 mod db;
+pub mod hooked;
 pub mod jobs;
 pub mod otel;
 pub mod pgbouncer;

@@ -42,9 +42,10 @@ impl Attempt {
     pub(crate) async fn run(self, lock: LockGuard, lag: &dyn SyncLag, started: Instant) -> Ended {
         // The locked section races the lock's loss signal: a cutover whose lock is declared lost,
         // or released through the manager, stops at its next await point and rolls back (its
-        // routing writes are fenced, too). Not `LockGuard::run`: the lock moves into the
-        // rollback guard halfway, and `run` would also make the plug-ins' calls a critical
-        // section of the cutover key (a nested `try_acquire` of it: `Reentrant`, not `None`).
+        // routing writes are fenced, too). The loss signal, not `LockGuard::run`: the lock
+        // moves into the rollback guard halfway, and `run` would also make the plug-ins' calls
+        // a critical section of the cutover key (a nested `try_acquire` of it: `Reentrant`,
+        // not `None`).
         let loss = lock.loss_signal().clone();
         let (migration, gate) = match until_lost(&loss, self.prepare()).await.and_then(|r| r) {
             Ok(prepared) => prepared,
@@ -363,14 +364,12 @@ impl Attempt {
 /// Runs `work` until it ends or the lock goes (declared lost, or released through the
 /// manager), whichever comes first.
 async fn until_lost<F: Future>(loss: &LossSignal, work: F) -> Result<F::Output, Failure> {
-    tokio::select! {
-        biased;
-        cause = loss.lost() => Err(Failure::new(
+    loss.run_until_lost(work).await.map_err(|cause| {
+        Failure::new(
             CutoverFailure::LockLost,
             format!("The cutover lock was lost: {cause}"),
-        )),
-        output = work => Ok(output),
-    }
+        )
+    })
 }
 
 /// The cutover's time budget once it holds the lock.

@@ -14,7 +14,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pglock::{CUTOVER_OPERATION, LockManager, LockManagerExt, migration_lock_key};
+use pglock::{LockManager, LockManagerExt, migration_lock_key};
 use tokio::time::Instant;
 use tracing::{Instrument, Span, field::Empty};
 use uuid::Uuid;
@@ -28,7 +28,7 @@ use self::plan::Plan;
 use crate::model::{Migration, MigrationConfig};
 use crate::plugins::{StoreRegistry, SyncLag};
 use crate::store::MigrationStore;
-use crate::telemetry::{self, Recorder, outcome as span_outcome};
+use crate::telemetry::{self, outcome as span_outcome};
 use crate::{Error, Result};
 
 /// The default wait for the cutover lock: 0.5 s, as in the Python original.
@@ -136,7 +136,7 @@ impl CutoverManager {
 
     /// The key of a tenant's cutover lock: `"cutover:{tenant_id}"`.
     pub fn lock_key(tenant_id: Uuid) -> String {
-        migration_lock_key(tenant_id, CUTOVER_OPERATION)
+        migration_lock_key(tenant_id, crate::CUTOVER_OPERATION)
     }
 
     /// How long a cutover waits for its lock.
@@ -181,7 +181,7 @@ impl CutoverManager {
     ) -> CutoverResult {
         let started = Instant::now();
         let span = self.execute_span(migration_id);
-        let mut recorder = Recorder::new(span.clone());
+        let mut recorder = telemetry::recorder(span.clone());
         let result = self
             .execute(migration_id, lag, options, started, &span)
             .instrument(span.clone())
@@ -354,7 +354,7 @@ impl CutoverManager {
         lag: &dyn SyncLag,
     ) -> Result<Readiness> {
         let span = self.readiness_span(migration_id);
-        let mut recorder = Recorder::new(span.clone());
+        let mut recorder = telemetry::recorder(span.clone());
         let result = self
             .readiness(migration_id, lag, &span)
             .instrument(span.clone())

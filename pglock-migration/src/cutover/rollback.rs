@@ -9,7 +9,7 @@ use tracing::{Instrument, Span, field::Empty};
 use super::plan::Plan;
 use crate::Result;
 use crate::store::MigrationStore;
-use crate::telemetry::{self, Recorder, outcome};
+use crate::telemetry::{self, outcome};
 
 /// Rolls one attempt back: everything it needs, owned, so a spawned task can run it.
 #[derive(Debug, Clone)]
@@ -24,7 +24,7 @@ impl Rollback {
     /// still there. Returns whether it was; errors when the outcome is unknown.
     pub(crate) async fn run(&self, reason: &str) -> Result<bool> {
         let span = self.span(reason);
-        let mut recorder = Recorder::new(span.clone());
+        let mut recorder = telemetry::recorder(span.clone());
         let result = self
             .store
             .apply_transition(&self.plan.roll_back(reason))
