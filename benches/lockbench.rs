@@ -32,7 +32,7 @@ fn resolve_dsn(args: &Args) -> String {
         }
     }
     eprintln!("lockbench: no --dsn, BENCH_DSN or DATABASE_URL; starting a throwaway server");
-    pglock::testing::shared_server().url()
+    pglock_testing::shared_server().url()
 }
 
 fn runtime() -> tokio::runtime::Runtime {

@@ -31,7 +31,7 @@ const INCREMENTS_PER_TASK: i64 = 25;
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     // `DATABASE_URL` if set, otherwise a throwaway server (this blocks while it starts).
-    let url = pglock::testing::database_url();
+    let url = pglock_testing::database_url();
 
     // One counter row and one lock key per run, so runs never see each other's data.
     let run = Uuid::new_v4();

@@ -38,7 +38,7 @@ const WAIT: Option<Duration> = Some(Duration::from_secs(5));
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    let url = pglock::testing::database_url();
+    let url = pglock_testing::database_url();
     let db = connect(url).await?;
     // The resources: rows that remember the highest fencing token they have seen (`fence`,
     // NULL until the first fenced write).

@@ -44,7 +44,7 @@ const BATCH_EVERY: Duration = Duration::from_millis(250);
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     // `DATABASE_URL` if set, otherwise a throwaway server (this blocks while it starts).
-    let url = pglock::testing::database_url();
+    let url = pglock_testing::database_url();
     let clock = Clock(Instant::now());
 
     // The resource the leader writes to: one row per run, guarded by a fence column.

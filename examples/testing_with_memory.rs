@@ -14,7 +14,7 @@
 //! In your own `tests/` you would write, for a manager of your own:
 //!
 //! ```text
-//! pglock::conformance_tests!(|| async { my_crate::MyLockManager::new() });
+//! pglock_testing::conformance_tests!(|| async { my_crate::MyLockManager::new() });
 //! ```
 
 use std::sync::Arc;
@@ -99,10 +99,10 @@ async fn main() -> pglock::Result<()> {
     }
 
     println!("3. the conformance suite, on the in-memory manager");
-    pglock::testing::conformance::run_all(|| async { InMemoryLockManager::new() }).await;
+    pglock_testing::conformance::run_all(|| async { InMemoryLockManager::new() }).await;
     println!(
         "  all {} cases passed",
-        pglock::testing::conformance::cases().len()
+        pglock_testing::conformance::cases().len()
     );
     Ok(())
 }

@@ -23,7 +23,7 @@
 //! | [`schedule`] | [`ScheduledJob`]: a job run at most once per time window across every process, with its record in PostgreSQL. |
 //! | [`inspect`] | Who holds and who waits for each advisory lock, read from `pg_locks` and `pg_stat_activity`. |
 //! | [`telemetry`] | Span, field and metric names. |
-//! | `testing` (feature) | The conformance suite for any [`LockManager`] and a throwaway PostgreSQL server for tests. |
+//! | [`hooks`] | Seams for cancellation tests: a lock operation's await points, named. |
 //!
 //! # Example
 //!
@@ -59,9 +59,15 @@
 //!
 //! | feature | default | enables |
 //! | --- | --- | --- |
-//! | `testing` | no | [`testing`]: the conformance suite and a throwaway PostgreSQL server for tests. |
 //! | `metrics` | no | OpenTelemetry metrics (see [`telemetry::metrics`]); builders gain `meter` and `metrics_holder_id` methods. |
-//! | `cli` | no | The `pglock` command: `id` (a key's lock id), `holders` (an [`inspect`] report, filtered, watched, with an exit status that says held or free), `run` (a command under a lock, like `flock`) and `terminate` (end a stuck holder). |
+//!
+//! # The crates beside this one
+//!
+//! | crate | what it is |
+//! | --- | --- |
+//! | `pglock-testing` | The conformance suite any [`LockManager`] runs, a throwaway PostgreSQL (with standbys and crashes) and PgBouncer for tests, and pauses at a lock operation's await points. Add it to your dev-dependencies. |
+//! | `pglock-cli` | The `pglock` command: `id` (a key's lock id), `holders` (an [`inspect`] report, filtered, watched, with an exit status that says held or free), `run` (a command under a lock, like `flock`) and `terminate` (end a stuck holder). |
+//! | `pglock-migration` | Tenant live migration, the locks' main customer. |
 //!
 //! # Guarantees, briefly
 //!
@@ -84,9 +90,6 @@
 //! * **Fencing**: with a [`FencingTable`], every acquisition carries a token larger than any
 //!   before it for its key, so resources can refuse writes from a superseded holder; for a
 //!   read-modify-write the resource must be fenced before the read ([`RowFence`]).
-//!
-//! Tenant live migration, the locks' main customer, is the companion crate `pglock-migration`,
-//! built on this crate's public API.
 //!
 //! The repository's `docs/guide.md` is the user's guide, `docs/design.md` explains the design,
 //! and `docs/failure-model.md` what is detected and how fast.
@@ -119,9 +122,6 @@ pub mod schedule;
 mod scope;
 mod sync;
 pub mod telemetry;
-#[cfg(feature = "testing")]
-#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
-pub mod testing;
 mod xact;
 
 pub use crate::error::{Error, InvalidIdentifier, ReleaseFailure, Result};

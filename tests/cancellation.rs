@@ -2,7 +2,7 @@
 //! no advisory lock on the server, no pooled connection holding a lock or running a statement,
 //! no registry entry, and the key free for the next holder.
 //!
-//! Await points inside the crate are reached with stage hooks (`pglock::testing::pause_at`),
+//! Await points inside the crate are reached with stage hooks (`pglock_testing::pause_at`),
 //! which park an operation exactly there so the test can drop it. Await points inside the
 //! driver (a statement in flight, a pool checkout) are reached for real: the server is made to
 //! keep the statement waiting, or the pool is exhausted, and the operation is dropped while it
@@ -16,11 +16,11 @@ use std::future::Future;
 use std::time::Duration;
 
 use common::{app_name, assert_pool_clean, eventually, key, lock_rows, observer, pool_named};
-use pglock::testing::{Stage, pause_at};
 use pglock::{
     InMemoryLockManager, InMemoryLockServer, LockGuard, LockManager, LockManagerExt,
     PostgresLockManager, lock_id,
 };
+use pglock_testing::{Stage, pause_at};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio::time::Instant;
@@ -34,7 +34,7 @@ const CLIENT_CHECK: Duration = Duration::from_millis(200);
 const SLACK: Duration = Duration::from_millis(100);
 
 /// Drives `operation` until the hook parks it, then drops it there.
-async fn cancel_when_parked<F: Future>(operation: F, pause: &pglock::testing::Pause, stage: Stage)
+async fn cancel_when_parked<F: Future>(operation: F, pause: &pglock_testing::Pause, stage: Stage)
 where
     F::Output: std::fmt::Debug,
 {
@@ -67,7 +67,7 @@ impl Pg {
         }
     }
 
-    fn manager_parking_at(&self, stage: Stage) -> (PostgresLockManager, pglock::testing::Pause) {
+    fn manager_parking_at(&self, stage: Stage) -> (PostgresLockManager, pglock_testing::Pause) {
         let (hook, pause) = pause_at(stage);
         let manager = common::manager_for(self.pool.clone(), &self.app).build_with_stage_hook(hook);
         (manager, pause)

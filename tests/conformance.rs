@@ -4,7 +4,7 @@
 mod common;
 
 mod in_memory {
-    pglock::conformance_tests!(|| async {
+    pglock_testing::conformance_tests!(|| async {
         pglock::InMemoryLockManager::builder()
             .holder_id("conformance-memory")
             .build()
@@ -12,7 +12,7 @@ mod in_memory {
 }
 
 mod postgres {
-    pglock::conformance_tests!(|| async {
+    pglock_testing::conformance_tests!(|| async {
         pglock::PostgresLockManager::builder(crate::common::pool(4).await)
             .holder_id("conformance-postgres")
             .build()
@@ -22,7 +22,7 @@ mod postgres {
 #[tokio::test]
 async fn run_all_runs_every_case_on_a_shared_server() {
     let server = pglock::InMemoryLockServer::new();
-    pglock::testing::conformance::run_all(|| {
+    pglock_testing::conformance::run_all(|| {
         let server = server.clone();
         async move {
             pglock::InMemoryLockManager::builder()

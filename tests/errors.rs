@@ -6,8 +6,8 @@ mod common;
 use std::time::Duration;
 
 use common::{app_name, key};
-use pglock::testing::TempPostgres;
 use pglock::{Error, LockManagerExt, PostgresLockManager};
+use pglock_testing::TempPostgres;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgConnection};
 use tokio::time::Instant;

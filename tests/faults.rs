@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use common::proxy::Proxy;
 use common::{app_name, key, lock_rows, observer, pool_named};
-use pglock::testing::TempPostgres;
 use pglock::{
     Error, LockGuard, LockManager, LockManagerExt, LossCause, PostgresLockManager, lock_id,
 };
+use pglock_testing::TempPostgres;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio::time::Instant;

@@ -10,11 +10,11 @@ use std::time::Duration;
 use common::proxy::Proxy;
 use common::stages::StageCounts;
 use common::{app_name, eventually_waiting, key, lock_rows, observer, pool_named};
-use pglock::testing::{Stage, TempPostgres};
 use pglock::{
     Error, FencingTable, InMemoryLockManager, LockGuard, LockManagerExt, LossCause,
     PostgresLockManager, lock_id,
 };
+use pglock_testing::{Stage, TempPostgres};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 

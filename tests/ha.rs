@@ -1,5 +1,5 @@
 //! Highly available PostgreSQL: a primary and a streaming hot standby, started by the test from
-//! the installed server binaries (`pglock::testing::TempPostgres::start_standby`).
+//! the installed server binaries (`pglock_testing::TempPostgres::start_standby`).
 //!
 //! One pair serves the whole file, in one test that plays the phases in order, since the last
 //! one destroys the primary:
@@ -32,11 +32,11 @@ use std::time::Duration;
 
 use common::key;
 use pglock::leader::Error as LeaderError;
-use pglock::testing::TempPostgres;
 use pglock::{
     Error, FencingTable, LeaderElection, LockGuard, LockInfo, LockManager, LockManagerExt,
     LossCause, PostgresLockManager, lock_id,
 };
+use pglock_testing::TempPostgres;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::net::{TcpListener, TcpStream};

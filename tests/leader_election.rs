@@ -17,12 +17,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::{app_name, lock_rows, observer, pool_named};
 use pglock::leader::Error as LeaderError;
-use pglock::testing::{Stage, pause_at};
 use pglock::{
     AcquireOptions, Error, FencingTable, InMemoryLockManager, InMemoryLockServer, LeaderElection,
     Leadership, LockGuard, LockInfo, LockKey, LockManager, LockManagerExt, LossCause,
     PostgresLockManager, lock_id,
 };
+use pglock_testing::{Stage, pause_at};
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::sync::{oneshot, watch};

@@ -11,10 +11,10 @@ mod common;
 use std::time::Duration;
 
 use common::{app_name, key, observer, pool_named};
-use pglock::testing::TempPostgres;
 use pglock::{
     Error, InMemoryLockManager, LockGuard, LockManager, LockManagerExt, PostgresLockManager,
 };
+use pglock_testing::TempPostgres;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 

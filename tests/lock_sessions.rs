@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use common::proxy::Proxy;
 use common::{app_name, eventually, key, lock_rows, observer, pool_named};
-use pglock::testing::TempPostgres;
 use pglock::{FencingTable, LockGuard, LockManager, LockManagerExt, PostgresLockManager, lock_id};
+use pglock_testing::TempPostgres;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 

@@ -14,8 +14,8 @@ use common::jobs::{db_now, job_name, offset_for_boundary, private_table, row, un
 use common::{app_name, assert_pool_clean, observer, pool_named};
 use pglock::schedule::Error;
 use pglock::schedule::{JobTable, RunOutcome, ScheduledJob, ScheduledJobBuilder, Skip};
-use pglock::testing::{Stage, pause_at};
 use pglock::{LockManager, LockManagerExt, PostgresLockManager, lock_id};
+use pglock_testing::{Stage, pause_at};
 
 const HOUR: Duration = Duration::from_secs(3600);
 

@@ -18,8 +18,8 @@ use std::time::Duration;
 use common::jobs::{db_now, job_name, private_table, row, until_db_time};
 use common::{app_name, assert_pool_clean, eventually, observer, pool_named, within};
 use pglock::schedule::{JobTable, RunOutcome, ScheduledJob};
-use pglock::testing::{Pause, Stage, pause_at};
 use pglock::{LockManagerExt, PostgresLockManager, lock_id};
+use pglock_testing::{Pause, Stage, pause_at};
 use sqlx::{Connection, PgConnection, PgPool};
 
 /// Long enough that no claim in these tests ends by expiring, except where a test says so.

@@ -31,8 +31,8 @@ use std::time::Duration;
 
 use common::pgbouncer::{self, backend_pid, holders};
 use common::{eventually, observer};
-use pglock::testing::{PoolMode, TempPgBouncer};
 use pglock::{Error, LockGuard, LockKey, LockManagerExt, PostgresLockManager, ReleaseFailure};
+use pglock_testing::{PoolMode, TempPgBouncer};
 use sqlx::{PgPool, Row};
 use tokio::time::timeout;
 

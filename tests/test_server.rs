@@ -1,4 +1,4 @@
-//! The throwaway PostgreSQL of a test run (`pglock::testing::database_url`): one server for every
+//! The throwaway PostgreSQL of a test run (`pglock_testing::database_url`): one server for every
 //! process under one `cargo`, which outlives the process that started it and is removed when
 //! the run ends, however it ends.
 //!
@@ -42,7 +42,7 @@ fn reported(output: &[u8], prefix: &str) -> Option<String> {
 
 /// A test process of the run: asks for the database URL and reports it.
 fn act_as_test_process() -> ! {
-    println!("URL {}", pglock::testing::database_url());
+    println!("URL {}", pglock_testing::database_url());
     std::process::exit(0);
 }
 

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use common::pgbouncer::{self, backend_pid, holders, waiters};
 use common::{eventually, observer};
-use pglock::testing::{PoolMode, TempPgBouncer};
 use pglock::{LockKey, TransactionLock};
+use pglock_testing::{PoolMode, TempPgBouncer};
 use sqlx::{PgPool, Postgres, Row, Transaction};
 use tokio::time::{Instant, timeout};
 

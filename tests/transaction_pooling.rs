@@ -24,8 +24,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::{app_name, key, lock_rows};
-use pglock::testing::TempPostgres;
 use pglock::{Error, LockManager, LockManagerExt, lock_id};
+use pglock_testing::TempPostgres;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

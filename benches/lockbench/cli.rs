@@ -31,7 +31,7 @@ Workload flags:
   --keys N                W4 keys held at once (default 50)
   --ring N                W1_distinct ring of distinct keys (default 1024)
   --dsn URL               server; default $BENCH_DSN, then $DATABASE_URL, then a throwaway
-                          server started with pglock::testing::shared_server()
+                          server started with pglock_testing::shared_server()
   --sample-interval S     pg_stat_activity sampling period (default 0.1)
   --counter-sync-commit X synchronous_commit of the W3 counter connections (default off)
 

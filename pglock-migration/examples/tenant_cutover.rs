@@ -15,7 +15,7 @@
 //! ```
 //!
 //! Without `DATABASE_URL`, a throwaway PostgreSQL is started from the installed server
-//! binaries, as pglock's own tests do (`pglock::testing::database_url`). Everything the example creates lives in schemas named
+//! binaries, as pglock's own tests do (`pglock_testing::database_url`). Everything the example creates lives in schemas named
 //! after the run, dropped at the end.
 
 use std::collections::{BTreeSet, HashMap};
@@ -44,7 +44,7 @@ const WRITERS_PER_TENANT: usize = 2;
 
 #[tokio::main]
 async fn main() -> BoxResult<()> {
-    let url = pglock::testing::database_url();
+    let url = pglock_testing::database_url();
     let run = &Uuid::new_v4().simple().to_string()[..8];
     let stores = EventStores::create(connect(url, 4).await?, run).await?;
     println!("== tenant_cutover (run {run}) ==");

@@ -5,9 +5,9 @@ use std::time::Duration;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-/// The database of this test run (see `pglock::testing::database_url`).
+/// The database of this test run (see `pglock_testing::database_url`).
 pub fn url() -> &'static str {
-    pglock::testing::database_url()
+    pglock_testing::database_url()
 }
 
 /// Connect options for the test database, tagged with `application_name` `app`.

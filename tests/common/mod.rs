@@ -2,7 +2,6 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod child;
-pub mod cli;
 mod db;
 pub mod hooked;
 pub mod jobs;

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use pglock::testing::{PoolMode, TempPgBouncer};
 use pglock::{LockKey, LockTarget};
+use pglock_testing::{PoolMode, TempPgBouncer};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool};
 

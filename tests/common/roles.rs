@@ -24,7 +24,7 @@ impl Sandbox {
             .await
             .expect("create the role (the test user needs CREATEROLE)");
         server.close().await;
-        let options: PgConnectOptions = pglock::testing::database_url().parse().expect("url");
+        let options: PgConnectOptions = pglock_testing::database_url().parse().expect("url");
         let admin = PgPoolOptions::new()
             .max_connections(2)
             .connect_with(options.clone().database(&database))
@@ -79,7 +79,7 @@ impl Sandbox {
 async fn server_pool() -> PgPool {
     PgPoolOptions::new()
         .max_connections(1)
-        .connect(pglock::testing::database_url())
+        .connect(pglock_testing::database_url())
         .await
         .expect("connect to the test database")
 }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pglock::testing::{Stage, StageHook};
+use pglock_testing::{Stage, StageHook};
 use tokio::sync::watch;
 
 /// How many operations reached each (stage, key).

@@ -6,10 +6,10 @@ use std::time::Duration;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-/// The database of this test run (see `pglock::testing::database_url`): the run's shared
+/// The database of this test run (see `pglock_testing::database_url`): the run's shared
 /// throwaway server unless `DATABASE_URL` is set.
 pub fn url() -> &'static str {
-    pglock::testing::database_url()
+    pglock_testing::database_url()
 }
 
 /// A new pool of at most `max` connections, tagged with `application_name` `app`.

@@ -1,13 +1,13 @@
 //! Tools for testing code that uses pglock, and for testing lock managers themselves.
 //!
-//! Enable with the `testing` feature, typically in `[dev-dependencies]`:
+//! Add it to your `[dev-dependencies]` next to `pglock`:
 //!
 //! ```toml
 //! [dev-dependencies]
-//! pglock = { version = "0.2", features = ["testing"] }
+//! pglock-testing = "0.2"
 //! ```
 //!
-//! * [`conformance`]: the contract of [`LockManager`](crate::LockManager) as executable cases.
+//! * [`conformance`]: the contract of [`LockManager`](pglock::LockManager) as executable cases.
 //!   [`conformance_tests!`](crate::conformance_tests) turns them into one `#[tokio::test]` per
 //!   case for any manager, yours included.
 //! * [`database_url`]: a real PostgreSQL for tests, from `DATABASE_URL` or from a throwaway
@@ -15,8 +15,15 @@
 //!   [`TempPostgres`]: a server of a test's own, to stop, restart or reconfigure.
 //! * [`TempPgBouncer`]: a PgBouncer of the tests' own in front of a server, in the
 //!   [`PoolMode`] under test, to test code that runs behind one.
-//! * [`Stage`], [`pause_at`]: stop an operation of this crate's managers at a chosen await
-//!   point, to test what happens when it is cancelled there.
+//! * [`Stage`], [`pause_at`]: stop an operation of pglock's managers at a chosen await point,
+//!   to test what happens when it is cancelled there.
+#![forbid(unsafe_code)]
+#![warn(
+    missing_docs,
+    unreachable_pub,
+    missing_debug_implementations,
+    rust_2018_idioms
+)]
 
 pub mod conformance;
 mod pgbouncer;
@@ -28,18 +35,18 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, Semaphore};
 
-pub use crate::hooks::{Stage, StageHook};
 pub use pgbouncer::{HOW_TO_GET_PGBOUNCER, PoolMode, TempPgBouncer};
+pub use pglock::hooks::{Stage, StageHook};
 pub use server::{TempPostgres, database_url, shared_server};
 
 /// A hook that parks the first operation reaching `stage` until [`Pause::resume`] (or forever),
 /// so a test can cancel the operation exactly there.
 ///
-/// Give the hook to a manager by building it inside [`hooks::build_with`](crate::hooks::build_with):
+/// Give the hook to a manager by building it inside [`hooks::build_with`](pglock::hooks::build_with):
 ///
 /// ```
 /// use pglock::{InMemoryLockManager, LockManager, LockManagerExt};
-/// use pglock::testing::{Stage, pause_at};
+/// use pglock_testing::{Stage, pause_at};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let (hook, pause) = pause_at(Stage::Register);

@@ -66,7 +66,7 @@ impl PoolMode {
 /// `sqlx::query(..).persistent(false)`, or send them unprepared (`sqlx::raw_sql`).
 ///
 /// ```no_run
-/// use pglock::testing::{PoolMode, TempPgBouncer, database_url};
+/// use pglock_testing::{PoolMode, TempPgBouncer, database_url};
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let bouncer = TempPgBouncer::start(database_url(), PoolMode::Transaction, 4)?;

@@ -30,7 +30,7 @@ use super::cluster::Cluster;
 /// [`promote`](Self::promote), a test can play a failover from the installed binaries alone:
 ///
 /// ```no_run
-/// use pglock::testing::TempPostgres;
+/// use pglock_testing::TempPostgres;
 ///
 /// # fn main() -> std::io::Result<()> {
 /// let primary = TempPostgres::start()?;
@@ -141,7 +141,7 @@ impl TempPostgres {
     ///
     /// ```no_run
     /// # fn main() -> std::io::Result<()> {
-    /// # let server = pglock::testing::TempPostgres::start()?;
+    /// # let server = pglock_testing::TempPostgres::start()?;
     /// server.configure("wal_writer_delay", "10s")?;
     /// # Ok(()) }
     /// ```

@@ -12,14 +12,9 @@
 //! statuses are listed in [`EXIT_STATUS`], printed by `--help`, and in the guide.
 #![forbid(unsafe_code)]
 
-// The subcommands live next to this file, in `pglock/`.
-#[path = "pglock/holders.rs"]
 mod holders;
-#[path = "pglock/run.rs"]
 mod run;
-#[path = "pglock/terminate.rs"]
 mod terminate;
-#[path = "pglock/text.rs"]
 mod text;
 
 use std::process::ExitCode;

@@ -6,7 +6,7 @@
 //!
 //! ```
 //! // tests/locks.rs of your crate (needs tokio with the `macros` and `rt` features)
-//! pglock::conformance_tests!(|| async { pglock::InMemoryLockManager::new() });
+//! pglock_testing::conformance_tests!(|| async { pglock::InMemoryLockManager::new() });
 //! ```
 //!
 //! Cases use random keys, so they can run in parallel against one shared database. They check
@@ -25,7 +25,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{Error, LockGuard, LockKey, LockManager, LockManagerExt, LockMode, LossCause, lock_id};
+use pglock::{
+    Error, LockGuard, LockKey, LockManager, LockManagerExt, LockMode, LossCause, lock_id,
+};
 
 /// A boxed case future.
 pub type CaseFuture<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
@@ -96,7 +98,7 @@ cases!(
 ///
 /// ```
 /// mod in_memory {
-///     pglock::conformance_tests!(|| async { pglock::InMemoryLockManager::new() });
+///     pglock_testing::conformance_tests!(|| async { pglock::InMemoryLockManager::new() });
 /// }
 /// ```
 #[macro_export]
@@ -139,9 +141,9 @@ macro_rules! __conformance_tests {
         $(
             #[::tokio::test]
             async fn $name() {
-                let manager: $crate::testing::conformance::Manager =
+                let manager: $crate::conformance::Manager =
                     ::std::sync::Arc::new(($factory)().await);
-                $crate::testing::conformance::$name(&manager).await;
+                $crate::conformance::$name(&manager).await;
             }
         )*
     };
@@ -180,7 +182,7 @@ async fn acquire_elsewhere(
     key: &str,
     mode: LockMode,
     timeout: Option<Duration>,
-) -> crate::Result<crate::LockGuard> {
+) -> pglock::Result<pglock::LockGuard> {
     let key = key.to_owned();
     elsewhere(manager, move |m| async move {
         match mode {
@@ -672,7 +674,7 @@ pub async fn a_nested_acquisition_fails_at_once(manager: &Manager) {
     let key = key("nested");
     let outcome = manager
         .with_lock(key.as_str(), Some(EVENTUALLY), |_| async {
-            let reentrant = |result: crate::Result<_>, what: &str| match result {
+            let reentrant = |result: pglock::Result<_>, what: &str| match result {
                 Err(Error::Reentrant { key: named }) => assert_eq!(named, key.as_str(), "{what}"),
                 other => panic!("{what}: expected Reentrant, got {other:?}"),
             };
