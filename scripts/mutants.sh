@@ -31,7 +31,7 @@ TESTS=(conformance cancellation postgres lock_sessions keys errors fencing_token
 TEST_ARGS=(--cargo-arg=--lib)
 for t in "${TESTS[@]}"; do TEST_ARGS+=(--cargo-arg=--test --cargo-arg="$t"); done
 
-exec cargo mutants \
+exec cargo mutants --package pglock \
   --file 'src/core/**' --file 'src/postgres/**' \
   --exclude 'src/core/spans.rs' --exclude 'src/postgres/builder.rs' \
   --all-features --profile mutants --timeout 300 --build-timeout 600 \

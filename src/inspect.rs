@@ -4,7 +4,7 @@
 //! for one key or for every advisory lock of the database, with one query joining `pg_locks`
 //! and `pg_stat_activity`. It needs no lock manager: any pool on the database will do, so an
 //! operator tool or an admin endpoint can run it next to (or far from) the services that hold
-//! the locks. The `pglock holders` command of the `cli` feature prints the same reports.
+//! the locks. The `pglock holders` command (crate `pglock-cli`) prints the same reports.
 //!
 //! ```no_run
 //! use pglock::inspect::Inspector;

@@ -21,7 +21,7 @@ use crate::{LockGuard, LockKey, LockMode, Result};
 /// [`holder_id`](LockManager::holder_id) are called directly.
 ///
 /// The crate ships two implementations, [`PostgresLockManager`](crate::PostgresLockManager) and
-/// [`InMemoryLockManager`](crate::InMemoryLockManager). The `testing` feature's conformance
+/// [`InMemoryLockManager`](crate::InMemoryLockManager). The `pglock-testing` crate's conformance
 /// suite checks any implementation, including yours, against the rules below. The trait is
 /// object safe: code that needs "a lock manager" holds an `Arc<dyn LockManager>`.
 ///

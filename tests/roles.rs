@@ -11,7 +11,9 @@ mod common;
 use std::time::Duration;
 
 use common::roles::Sandbox;
-use pglock::schedule::{self, RunOutcome, ScheduledJob};
+use std::sync::Arc;
+
+use pglock::schedule::{self, PostgresJobStore, RunOutcome, ScheduledJob};
 use pglock::{Error, FencingTable, LockManager, LockManagerExt, PostgresLockManager};
 
 const BOUND: Duration = Duration::from_secs(10);
@@ -125,9 +127,15 @@ async fn fencing_runs_as_a_role_that_owns_nothing_once_the_table_is_made_and_gra
 async fn scheduled_jobs_run_as_a_role_that_owns_nothing_once_the_table_is_made_and_granted() {
     let sandbox = Sandbox::new("jobs").await;
     let locks = PostgresLockManager::new(sandbox.role_pool().await);
-    let job = ScheduledJob::builder(locks.clone(), "roles-job", Duration::from_secs(3600))
-        .build()
-        .expect("valid");
+    let store = PostgresJobStore::new(locks.pool().clone());
+    let job = ScheduledJob::builder(
+        Arc::new(locks.clone()),
+        Arc::new(store),
+        "roles-job",
+        Duration::from_secs(3600),
+    )
+    .build()
+    .expect("valid");
     let err = job
         .run(|_| async {})
         .await

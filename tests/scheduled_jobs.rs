@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::jobs::{db_now, job_name, offset_for_boundary, private_table, row, until_db_time};
+use common::jobs::{
+    db_now, job_name, offset_for_boundary, pg_job, private_table, row, until_db_time,
+};
 use common::{app_name, assert_pool_clean, observer, pool_named};
 use pglock::schedule::Error;
 use pglock::schedule::{JobTable, RunOutcome, ScheduledJob, ScheduledJobBuilder, Skip};
@@ -26,7 +28,7 @@ async fn manager(label: &str) -> (PostgresLockManager, String) {
 }
 
 fn job(locks: &PostgresLockManager, table: &JobTable, name: &str) -> ScheduledJobBuilder {
-    ScheduledJob::builder(locks.clone(), name, HOUR).table(table.clone())
+    pg_job(locks, table, name, HOUR)
 }
 
 fn ran<T>(outcome: RunOutcome<T>) -> (pglock::schedule::JobRun, T) {
@@ -117,8 +119,7 @@ async fn a_claim_just_before_a_window_counts_for_it_within_the_skew_tolerance() 
     // The next window starts 4 s from now; the tolerance is 8 s.
     let offset = offset_for_boundary(now, period, Duration::from_secs(4));
     let boundary = now + chrono::Duration::seconds(4);
-    let early = ScheduledJob::builder(locks.clone(), job_name("early"), period)
-        .table(table.clone())
+    let early = pg_job(&locks, &table, job_name("early"), period)
         .offset(offset)
         .skew_tolerance(Duration::from_secs(8))
         .build()
@@ -130,8 +131,7 @@ async fn a_claim_just_before_a_window_counts_for_it_within_the_skew_tolerance() 
     );
 
     // Without the tolerance, the same moment belongs to the current window.
-    let strict = ScheduledJob::builder(locks, job_name("strict"), period)
-        .table(table)
+    let strict = pg_job(&locks, &table, job_name("strict"), period)
         .offset(offset)
         .skew_tolerance(Duration::ZERO)
         .build()
@@ -213,7 +213,7 @@ async fn a_check_that_passed_before_another_run_does_not_run_the_window_again() 
         .min_hold(Duration::ZERO)
         .build()
         .expect("valid");
-    early.ensure_table().await.expect("table");
+    early.prepare().await.expect("table");
 
     // The late replica finds the window free, then stops before asking for the job's lock.
     let late_run = tokio::spawn(async move { late.run(|_| async { "late" }).await });
@@ -364,7 +364,7 @@ async fn until_next_window_counts_down_by_the_database_clock() {
     let period = Duration::from_secs(60);
     let now = db_now(&observer).await;
     let offset = offset_for_boundary(now, period, Duration::from_secs(20));
-    let job = ScheduledJob::builder(locks, job_name("next"), period)
+    let job = pg_job(&locks, &JobTable::default(), job_name("next"), period)
         .offset(offset)
         .build()
         .expect("valid");
@@ -403,7 +403,7 @@ async fn the_table_is_created_once_under_any_valid_name() {
         })
         .collect();
     // Concurrent first uses create it once, without colliding.
-    let ensured = futures_join(jobs.iter().map(|job| job.ensure_table())).await;
+    let ensured = futures_join(jobs.iter().map(|job| job.prepare())).await;
     assert!(ensured.iter().all(Result::is_ok), "{ensured:?}");
     for job in &jobs {
         ran(job.run(|_| async {}).await.expect("run"));

@@ -78,7 +78,7 @@ impl Harness {
     }
 
     async fn lock_table(&self, mode: &str) -> PgConnection {
-        self.job.ensure_table().await.expect("table");
+        self.job.prepare().await.expect("table");
         let mut conn = self.blocker().await;
         let table = JobTable::new(&self.table_name).unwrap();
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
@@ -132,8 +132,7 @@ fn job_on(
     name: &str,
     max_hold: Duration,
 ) -> ScheduledJob {
-    ScheduledJob::builder(locks.clone(), name, Duration::from_secs(3600))
-        .table(table)
+    common::jobs::pg_job(locks, &table, name, Duration::from_secs(3600))
         .min_hold(Duration::ZERO)
         .max_hold(max_hold)
         .build()

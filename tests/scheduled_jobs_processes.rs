@@ -56,8 +56,7 @@ fn spawn_replica(test: &str, spec: &str) -> Child {
 }
 
 fn skewed_job(locks: PostgresLockManager, table: &str, name: &str) -> ScheduledJob {
-    ScheduledJob::builder(locks, name, PERIOD)
-        .table(JobTable::new(table).expect("valid"))
+    common::jobs::pg_job(&locks, &JobTable::new(table).expect("valid"), name, PERIOD)
         .skew_tolerance(Duration::from_millis(200))
         .min_hold(Duration::from_millis(100))
         .max_hold(Duration::from_millis(900))
@@ -191,12 +190,16 @@ async fn replicas_on_skewed_schedules_run_each_window_exactly_once() {
 async fn a_killed_runner_holds_the_job_until_its_max_hold_then_the_window_runs_again() {
     const MAX_HOLD: Duration = Duration::from_secs(2);
     let crash_job = |locks, table: &str, name: &str| {
-        ScheduledJob::builder(locks, name, Duration::from_secs(3600))
-            .table(JobTable::new(table).expect("valid"))
-            .min_hold(Duration::ZERO)
-            .max_hold(MAX_HOLD)
-            .build()
-            .expect("valid")
+        common::jobs::pg_job(
+            &locks,
+            &JobTable::new(table).expect("valid"),
+            name,
+            Duration::from_secs(3600),
+        )
+        .min_hold(Duration::ZERO)
+        .max_hold(MAX_HOLD)
+        .build()
+        .expect("valid")
     };
     if let Some(spec) = replica_spec().filter(|s| s.starts_with("crash|")) {
         let [_, table, name] = spec.split('|').collect::<Vec<_>>()[..] else {

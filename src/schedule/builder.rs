@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Error, Result};
-use super::{Inner, JobTable, Micros, ScheduledJob, Statements};
-use crate::PostgresLockManager;
+use super::{Inner, JobSpec, JobStore, ScheduledJob};
+use crate::LockManager;
 
 /// The longest period or hold accepted: a hundred years.
 const LONGEST: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
@@ -18,14 +18,14 @@ const LONGEST_NAME: usize = 1024;
 /// Builds a [`ScheduledJob`]. Every replica must build the job with the same settings.
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct ScheduledJobBuilder {
-    pub(super) locks: PostgresLockManager,
+    pub(super) locks: Arc<dyn LockManager>,
+    pub(super) store: Arc<dyn JobStore>,
     pub(super) name: String,
     pub(super) period: Duration,
     pub(super) offset: Duration,
     pub(super) tolerance: Option<Duration>,
     pub(super) min_hold: Option<Duration>,
     pub(super) max_hold: Option<Duration>,
-    pub(super) table: JobTable,
 }
 
 impl ScheduledJobBuilder {
@@ -58,16 +58,11 @@ impl ScheduledJobBuilder {
     /// this has passed, and a claim whose runner died expires after it. Make it longer than
     /// the longest run you expect, and longer than the manager's
     /// [`probe_interval`](crate::PostgresLockManagerBuilder::probe_interval) plus
-    /// [`probe_grace`](crate::PostgresLockManagerBuilder::probe_grace), so that a runner cut
-    /// off from the database has noticed before its claim expires. Default: the period.
+    /// [`probe_grace`](crate::PostgresLockManagerBuilder::probe_grace) of a
+    /// [`PostgresLockManager`](crate::PostgresLockManager), so that a runner cut off from the
+    /// database has noticed before its claim expires. Default: the period.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold);
-        self
-    }
-
-    /// Records the job in `table`. Default: [`JobTable::default`] (`pglock_scheduled_jobs`).
-    pub fn table(mut self, table: JobTable) -> Self {
-        self.table = table;
         self
     }
 
@@ -89,30 +84,19 @@ impl ScheduledJobBuilder {
             job: self.name.clone(),
             reason,
         })?;
-        let micros = Micros {
-            period: micros(period),
-            offset: micros(self.offset),
-            tolerance: micros(tolerance),
-            min_hold: micros(min_hold),
-            max_hold: micros(max_hold),
-        };
-        let sql = Statements {
-            state: self.table.state(),
-            claim: self.table.claim(),
-            finish: self.table.finish(),
-            abandon: self.table.abandon(),
-        };
         Ok(ScheduledJob {
             inner: Arc::new(Inner {
                 key: format!("scheduled-job:{}", self.name).into(),
+                spec: JobSpec {
+                    name: self.name,
+                    period,
+                    offset: self.offset,
+                    skew_tolerance: tolerance,
+                    min_hold,
+                    max_hold,
+                },
                 locks: self.locks,
-                name: self.name,
-                table: self.table,
-                sql,
-                period,
-                max_hold,
-                micros,
-                table_ready: tokio::sync::OnceCell::new(),
+                store: self.store,
             }),
         })
     }
@@ -192,11 +176,6 @@ fn check_name(name: &str) -> std::result::Result<(), &'static str> {
     Ok(())
 }
 
-/// Whole microseconds; every duration was checked to be at most a hundred years.
-fn micros(duration: Duration) -> i64 {
-    i64::try_from(duration.as_micros()).expect("at most a hundred years")
-}
-
 impl fmt::Debug for ScheduledJobBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ScheduledJobBuilder")
@@ -206,7 +185,7 @@ impl fmt::Debug for ScheduledJobBuilder {
             .field("skew_tolerance", &self.tolerance)
             .field("min_hold", &self.min_hold)
             .field("max_hold", &self.max_hold)
-            .field("table", &self.table)
+            .field("store", &self.store)
             .finish_non_exhaustive()
     }
 }
@@ -216,8 +195,12 @@ mod tests {
     use super::*;
 
     fn builder(name: &str, period: Duration) -> ScheduledJobBuilder {
-        let pool = sqlx::PgPool::connect_lazy("postgres://localhost/unused").expect("lazy pool");
-        ScheduledJob::builder(PostgresLockManager::new(pool), name, period)
+        ScheduledJob::builder(
+            Arc::new(crate::InMemoryLockManager::new()),
+            Arc::new(super::super::InMemoryJobStore::new()),
+            name,
+            period,
+        )
     }
 
     fn reason(result: Result<ScheduledJob>) -> String {
@@ -252,15 +235,20 @@ mod tests {
         let job = builder("j", Duration::from_secs(300))
             .build()
             .expect("valid");
-        let m = job.inner.micros;
-        assert_eq!(m.tolerance, 5_000_000, "a tenth of the period, at most 5 s");
-        assert_eq!((m.min_hold, m.max_hold), (150_000_000, 300_000_000));
+        let spec = job.spec();
+        let secs = Duration::from_secs;
+        assert_eq!(
+            spec.skew_tolerance,
+            secs(5),
+            "a tenth of the period, at most 5 s"
+        );
+        assert_eq!((spec.min_hold, spec.max_hold), (secs(150), secs(300)));
         let job = builder("j", Duration::from_secs(10))
             .max_hold(Duration::from_secs(2))
             .build()
             .expect("the default min hold shrinks to the max hold");
-        assert_eq!(job.inner.micros.min_hold, 2_000_000);
-        assert_eq!(job.inner.micros.tolerance, 1_000_000);
+        assert_eq!(job.spec().min_hold, secs(2));
+        assert_eq!(job.spec().skew_tolerance, secs(1));
         assert_eq!(job.lock_key(), "scheduled-job:j");
     }
 }

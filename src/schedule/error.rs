@@ -25,7 +25,8 @@ pub enum Error {
         reason: String,
     },
 
-    /// The role lacks a privilege the job's table needs, or may not create the missing table.
+    /// The role lacks a privilege the job's table needs, or may not create the missing table
+    /// ([`PostgresJobStore`](super::PostgresJobStore)).
     /// Create it in your migrations with [`JobTable::ddl`](super::JobTable::ddl) and grant
     /// `SELECT, INSERT, UPDATE` on it.
     #[error("Scheduled job '{job}': permission denied: the role needs {privilege} on {object}")]
@@ -38,16 +39,17 @@ pub enum Error {
         privilege: String,
     },
 
-    /// The job's table could not be created, read or written.
+    /// The job's store could not be prepared, read or written.
     #[error("Scheduled job '{job}' could not {operation}: {source}")]
     Storage {
         /// The job's name.
         job: String,
         /// What was being done, such as `claim a window`.
         operation: &'static str,
-        /// The driver error.
+        /// The store's error: for [`PostgresJobStore`](super::PostgresJobStore), a
+        /// [`sqlx::Error`].
         #[source]
-        source: sqlx::Error,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
 
     /// The body ran for its whole max hold and was cut off (its future dropped). The window

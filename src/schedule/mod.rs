@@ -4,17 +4,20 @@
 //! Every replica runs the same schedule (a `tokio` interval, a cron crate, a loop) and, at each
 //! tick, calls [`ScheduledJob::run`] with the job's body. The first replica to arrive in a
 //! window claims it and runs the body; the others are told why they skipped
-//! ([`Skip`]). The record of the claim lives in a PostgreSQL table ([`JobTable`]), so it
-//! survives restarts of every replica.
+//! ([`Skip`]). The record of the claim lives in a [`JobStore`]: in production a PostgreSQL
+//! table ([`PostgresJobStore`], [`JobTable`]), so it survives restarts of every replica; in unit
+//! tests memory ([`InMemoryJobStore`], next to an [`InMemoryLockManager`](crate::InMemoryLockManager)).
 //!
 //! ```no_run
+//! use std::sync::Arc;
 //! use std::time::Duration;
-//! use pglock::PostgresLockManager;
-//! use pglock::schedule::{RunOutcome, ScheduledJob};
+//! use pglock::{LockManager, PostgresLockManager};
+//! use pglock::schedule::{PostgresJobStore, RunOutcome, ScheduledJob};
 //!
-//! # async fn run(locks: PostgresLockManager) -> pglock::schedule::Result<()> {
+//! # async fn run(pool: sqlx::PgPool, locks: Arc<dyn LockManager>) -> pglock::schedule::Result<()> {
 //! // Every 5 minutes (00:00, 00:05, ... by the database's clock), at most once per window.
-//! let job = ScheduledJob::builder(locks, "nightly-report", Duration::from_secs(300))
+//! let store = Arc::new(PostgresJobStore::new(pool));
+//! let job = ScheduledJob::builder(locks, store, "nightly-report", Duration::from_secs(300))
 //!     .max_hold(Duration::from_secs(120)) // a run is cut off, and a dead runner's claim ends, after 2 min
 //!     .build()?;
 //! loop {
@@ -80,8 +83,8 @@
 //!
 //! # The job's advisory lock
 //!
-//! While it claims and runs, a replica also holds the advisory lock
-//! `scheduled-job:{name}` through its [`PostgresLockManager`], taken without waiting (a
+//! While it claims and runs, a replica also holds the lock `scheduled-job:{name}` through its
+//! [`LockManager`], taken without waiting (a
 //! replica that finds it held skips with [`Skip::Busy`]). It excludes a second runner in the one
 //! case the table cannot: a process that froze mid-run (a long pause, a suspended VM) past its
 //! max hold keeps its session, and so its lock, until it wakes and is cut off; no one takes the
@@ -90,12 +93,16 @@
 //! [`with_lock`](crate::LockManagerExt::with_lock) does. `pglock holders scheduled-job:{name}`
 //! shows who runs a job right now.
 //!
-//! A run's statements (reading the record, claiming, recording the end) use the manager's pool
-//! next to its lock sessions: leave the pool a connection to spare.
+//! A [`PostgresJobStore`]'s statements (reading the record, claiming, recording the end) use
+//! its pool: given the lock manager's pool, leave it a connection to spare next to the lock
+//! sessions.
 
 mod builder;
 mod error;
+mod memory;
 mod outcome;
+mod postgres;
+mod store;
 mod table;
 
 use std::fmt;
@@ -103,88 +110,71 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use sqlx::Row;
-use sqlx::postgres::PgRow;
 use tokio::time::{Instant, sleep_until};
 use tracing::{Instrument, Span, field::Empty};
 
 pub use self::builder::ScheduledJobBuilder;
 pub use self::error::{Error, Result};
+pub use self::memory::InMemoryJobStore;
 pub use self::outcome::{JobRun, RunOutcome, Skip};
+pub use self::postgres::PostgresJobStore;
+pub use self::store::{JobRecord, JobSpec, JobState, JobStore};
 pub use self::table::JobTable;
 
-use self::outcome::{Record, State};
 use crate::telemetry::{SpanOutcome, job as names};
-use crate::{LockGuard, LockKey, LockManager, LockManagerExt, LossCause, PostgresLockManager};
+use crate::{LockGuard, LockKey, LockManager, LockManagerExt, LossCause};
 
-/// A job that runs at most once per window across every process sharing a database. See the
+/// A job that runs at most once per window across every process sharing its store. See the
 /// [module documentation](self) for the rules.
 ///
-/// Cheap to clone; clones share the job's settings and its table check.
+/// Cheap to clone; clones share the job's settings.
 #[derive(Clone)]
 pub struct ScheduledJob {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    locks: PostgresLockManager,
-    name: String,
+    locks: Arc<dyn LockManager>,
+    store: Arc<dyn JobStore>,
+    spec: JobSpec,
     key: LockKey,
-    table: JobTable,
-    sql: Statements,
-    period: Duration,
-    max_hold: Duration,
-    /// Period, offset, skew tolerance, min hold and max hold, in microseconds.
-    micros: Micros,
-    table_ready: tokio::sync::OnceCell<()>,
-}
-
-struct Statements {
-    state: String,
-    claim: String,
-    finish: String,
-    abandon: String,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Micros {
-    period: i64,
-    offset: i64,
-    tolerance: i64,
-    min_hold: i64,
-    max_hold: i64,
 }
 
 impl ScheduledJob {
-    /// Configures the job `name`, run at most once per window of `period`, on `locks`'
-    /// database: its pool holds the table, and it takes the job's advisory lock.
+    /// Configures the job `name`, run at most once per window of `period`: its record is kept
+    /// in `store`, and each run holds the job's lock through `locks`.
     ///
-    /// The name identifies the job across the fleet: every replica must use the same name and
-    /// the same settings. It is stored in the table as given.
+    /// The name identifies the job across the fleet: every replica must use the same name, the
+    /// same store and the same settings.
     pub fn builder(
-        locks: PostgresLockManager,
+        locks: Arc<dyn LockManager>,
+        store: Arc<dyn JobStore>,
         name: impl Into<String>,
         period: Duration,
     ) -> ScheduledJobBuilder {
         ScheduledJobBuilder {
             locks,
+            store,
             name: name.into(),
             period,
             offset: Duration::ZERO,
             tolerance: None,
             min_hold: None,
             max_hold: None,
-            table: JobTable::default(),
         }
     }
 
     /// The job's name.
     pub fn name(&self) -> &str {
-        &self.inner.name
+        &self.inner.spec.name
     }
 
-    /// The key of the advisory lock a run holds: `scheduled-job:{name}`.
+    /// The job's schedule, as its store sees it.
+    pub fn spec(&self) -> &JobSpec {
+        &self.inner.spec
+    }
+
+    /// The key of the lock a run holds: `scheduled-job:{name}`.
     pub fn lock_key(&self) -> &LockKey {
         &self.inner.key
     }
@@ -197,9 +187,9 @@ impl ScheduledJob {
     ///
     /// # Errors
     ///
-    /// * [`Error::Storage`] when the table cannot be read or written (the body has not run,
+    /// * [`Error::Storage`] when the store cannot be read or written (the body has not run,
     ///   unless the failure is in recording its end, which is logged instead);
-    ///   [`Error::PermissionDenied`] when the role may not use or create the table;
+    ///   [`Error::PermissionDenied`] when the role may not use or create the job table;
     /// * [`Error::Lock`] with the errors of
     ///   [`try_acquire`](crate::LockManagerExt::try_acquire) when the job's lock cannot be
     ///   asked for (a busy lock is [`Skip::Busy`], not an error);
@@ -231,7 +221,7 @@ impl ScheduledJob {
     {
         let span = tracing::info_span!(
             names::RUN_SPAN,
-            { names::JOB } = %self.inner.name,
+            { names::JOB } = %self.inner.spec.name,
             { names::WINDOW_START } = Empty,
             { names::RUN } = Empty,
             { crate::telemetry::HOLDER_ID } = self.inner.locks.holder_id(),
@@ -250,29 +240,31 @@ impl ScheduledJob {
         Fut: Future<Output = T> + Send,
         T: Send,
     {
-        self.ensure_table().await?;
-        let state = self.state().await?;
+        let Inner {
+            locks, store, spec, ..
+        } = &*self.inner;
+        store.prepare(spec).await?;
+        let state = store.state(spec).await?;
         span.record(names::WINDOW_START, state.current_window.to_rfc3339());
         if let Some(reason) = state.skip() {
             return Ok(skipped(&state, reason));
         }
-        let Some(guard) = self.inner.locks.try_acquire(self.inner.key.clone()).await? else {
+        let Some(guard) = locks.try_acquire(self.inner.key.clone()).await? else {
             return Ok(skipped(&state, Skip::Busy));
         };
         // Counted from before the claim is sent, so the body is cut off before the claim,
-        // stamped by the server a little later, expires.
-        let deadline = Instant::now() + self.inner.max_hold;
-        let (run, claim) = match self.claim().await? {
-            Ok(run) => {
-                let claim = Claim::new(&self.inner, run.run);
-                (run, claim)
-            }
+        // stamped by the store a little later, expires.
+        let deadline = Instant::now() + spec.max_hold;
+        let record = match store.claim(spec, locks.holder_id()).await? {
+            Ok(record) => record,
             Err(state) => {
                 release(guard).await;
                 let reason = state.skip().unwrap_or(Skip::Busy);
                 return Ok(skipped(&state, reason));
             }
         };
+        let claim = Claim::new(&self.inner, record.runs);
+        let run = spec.run_of(record);
         span.record(names::WINDOW_START, run.window_start.to_rfc3339());
         span.record(names::RUN, run.run);
         self.supervise(body, run, claim, guard, deadline).await
@@ -320,8 +312,8 @@ impl ScheduledJob {
                 }
                 release(guard).await;
                 Err(Error::Overran {
-                    job: self.inner.name.clone(),
-                    max_hold: self.inner.max_hold,
+                    job: self.inner.spec.name.clone(),
+                    max_hold: self.inner.spec.max_hold,
                 })
             }
             Err(Ended::Lost(cause)) => {
@@ -337,130 +329,37 @@ impl ScheduledJob {
         }
     }
 
-    /// How long until the next window starts, by the database's clock: sleep that long before
-    /// the next [`run`](Self::run) to tick on the windows' boundaries.
+    /// How long until the next window starts, by the store's clock (the database's, for a
+    /// [`PostgresJobStore`]): sleep that long before the next [`run`](Self::run) to tick on the
+    /// windows' boundaries.
     ///
     /// # Errors
     ///
-    /// [`Error::Storage`] when the database cannot be asked.
+    /// [`Error::Storage`] when the store cannot be asked.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads.
     pub async fn until_next_window(&self) -> Result<Duration> {
-        let micros: i64 = sqlx::query_scalar(JobTable::until_next_window())
-            .bind(self.inner.micros.period)
-            .bind(self.inner.micros.offset)
-            .fetch_one(self.inner.locks.pool())
-            .await
-            .map_err(|source| self.storage("read the database's clock", source))?;
-        Ok(Duration::from_micros(micros.max(0).unsigned_abs()))
+        self.inner.store.until_next_window(&self.inner.spec).await
     }
 
-    /// Checks the job table now (creating it where it is missing and the role may), instead
-    /// of on the first run.
-    ///
-    /// A table that exists already (created by your migrations, say) is used as it is: the
-    /// role then needs no privilege to create tables, only `SELECT, INSERT, UPDATE` on that
-    /// one (see [`JobTable`]).
+    /// Prepares the store now instead of on the first run: for a [`PostgresJobStore`], checks
+    /// the job table (creating it where it is missing and the role may). A table that exists
+    /// already (created by your migrations, say) is used as it is: the role then needs no
+    /// privilege to create tables, only `SELECT, INSERT, UPDATE` on that one (see
+    /// [`JobTable`]).
     ///
     /// # Errors
     ///
     /// [`Error::PermissionDenied`] naming the object and the privilege the role lacks;
-    /// [`Error::Storage`] when the table cannot be looked up or created (no connection).
+    /// [`Error::Storage`] when the store cannot be reached.
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: the creation is one transaction; a later call tries again.
-    pub async fn ensure_table(&self) -> Result<()> {
-        use crate::postgres::table::Unready;
-        let pool = self.inner.locks.pool();
-        self.inner
-            .table_ready
-            .get_or_try_init(|| async {
-                let mut conn = pool
-                    .acquire()
-                    .await
-                    .map_err(|source| self.storage("look up the job table", source))?;
-                let table = &self.inner.table;
-                let prepared = table
-                    .table()
-                    .prepare(&mut conn, &table.ddl(), "pglock:job-table-setup")
-                    .await;
-                match prepared {
-                    Ok(()) => Ok(()),
-                    Err(Unready::Denied { object, privilege }) => Err(Error::PermissionDenied {
-                        job: self.inner.name.clone(),
-                        object,
-                        privilege,
-                    }),
-                    Err(Unready::Failed(source)) => {
-                        // A failure inside the creating transaction would leave it aborted.
-                        conn.close_on_drop();
-                        Err(self.storage("create the job table", source))
-                    }
-                }
-            })
-            .await
-            .map(|_| ())
-    }
-
-    async fn state(&self) -> Result<State> {
-        let row = self
-            .bind(&self.inner.sql.state)
-            .fetch_one(self.inner.locks.pool())
-            .await
-            .map_err(|source| self.storage("read the job's record", source))?;
-        state(&row).map_err(|source| self.storage("read the job's record", source))
-    }
-
-    /// Claims the current window: the run, or the state that refused it.
-    async fn claim(&self) -> Result<std::result::Result<JobRun, State>> {
-        let row = self
-            .bind(&self.inner.sql.claim)
-            .bind(self.inner.micros.max_hold)
-            .bind(self.inner.locks.holder_id())
-            .fetch_one(self.inner.locks.pool())
-            .await
-            .map_err(|source| self.storage("claim a window", source))?;
-        let read = || -> std::result::Result<_, sqlx::Error> {
-            let claimed: bool = row.try_get("claimed")?;
-            Ok((claimed, state(&row)?))
-        };
-        let (claimed, state) = read().map_err(|source| self.storage("claim a window", source))?;
-        match state.record {
-            Some(record) if claimed => Ok(Ok(JobRun {
-                job: self.inner.name.clone(),
-                window_start: record.window_start,
-                window_end: record.window_start
-                    + chrono::Duration::microseconds(self.inner.micros.period),
-                run: record.runs,
-                started_at: record.claimed_at,
-                holder_id: record.claimed_by,
-            })),
-            _ => Ok(Err(state)),
-        }
-    }
-
-    /// A statement with the job, period, offset and skew tolerance bound as `$1` to `$4`.
-    fn bind<'q>(
-        &'q self,
-        sql: &'q str,
-    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
-        let m = self.inner.micros;
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(&self.inner.name)
-            .bind(m.period)
-            .bind(m.offset)
-            .bind(m.tolerance)
-    }
-
-    fn storage(&self, operation: &'static str, source: sqlx::Error) -> Error {
-        Error::Storage {
-            job: self.inner.name.clone(),
-            operation,
-            source,
-        }
+    /// Cancel safe: a table's creation is one transaction; a later call tries again.
+    pub async fn prepare(&self) -> Result<()> {
+        self.inner.store.prepare(&self.inner.spec).await
     }
 }
 
@@ -477,31 +376,11 @@ async fn release(guard: LockGuard) {
     }
 }
 
-fn skipped<T>(state: &State, reason: Skip) -> RunOutcome<T> {
+fn skipped<T>(state: &JobState, reason: Skip) -> RunOutcome<T> {
     RunOutcome::Skipped {
         window_start: state.current_window,
         reason,
     }
-}
-
-fn state(row: &PgRow) -> std::result::Result<State, sqlx::Error> {
-    let window_start: Option<DateTime<Utc>> = row.try_get("window_start")?;
-    let record = match window_start {
-        None => None,
-        Some(window_start) => Some(Record {
-            window_start,
-            runs: row.try_get("runs")?,
-            claimed_by: row.try_get("claimed_by")?,
-            claimed_at: row.try_get("claimed_at")?,
-            finished_at: row.try_get("finished_at")?,
-            hold_until: row.try_get("hold_until")?,
-        }),
-    };
-    Ok(State {
-        now: row.try_get("now")?,
-        current_window: row.try_get("current_window")?,
-        record,
-    })
 }
 
 /// A claimed window not yet finished. Dropped while armed (the run's future was dropped), it
@@ -521,9 +400,11 @@ impl Claim {
         }
     }
 
-    async fn finish(mut self) -> std::result::Result<(), sqlx::Error> {
-        let sql = &self.inner.sql.finish;
-        if execute(&self.inner, sql, self.run).await? == 0 {
+    async fn finish(mut self) -> Result<()> {
+        let finished = (self.inner.store)
+            .finish(&self.inner.spec, self.run)
+            .await?;
+        if !finished {
             // Only if the claim expired and was taken over while this run held the lock: the
             // lock was lost without this process noticing in time.
             tracing::warn!(
@@ -535,23 +416,13 @@ impl Claim {
         Ok(())
     }
 
-    async fn abandon(mut self) -> std::result::Result<(), sqlx::Error> {
-        let sql = &self.inner.sql.abandon;
-        execute(&self.inner, sql, self.run).await?;
+    async fn abandon(mut self) -> Result<()> {
+        (self.inner.store)
+            .abandon(&self.inner.spec, self.run)
+            .await?;
         self.armed = false;
         Ok(())
     }
-}
-
-/// Runs the finish or abandon statement for `run`; returns how many rows it changed.
-async fn execute(inner: &Inner, sql: &str, run: i64) -> std::result::Result<u64, sqlx::Error> {
-    sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(&inner.name)
-        .bind(run)
-        .bind(inner.micros.min_hold)
-        .execute(inner.locks.pool())
-        .await
-        .map(|done| done.rows_affected())
 }
 
 impl Drop for Claim {
@@ -563,15 +434,14 @@ impl Drop for Claim {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let (inner, run) = (Arc::clone(&self.inner), self.run);
             runtime.spawn(async move {
-                if let Err(err) = execute(&inner, &inner.sql.abandon, run).await {
-                    tracing::warn!(error = %err, job = %inner.name, "a dropped run's claim could not be given up");
+                if let Err(err) = inner.store.abandon(&inner.spec, run).await {
+                    tracing::warn!(error = %err, job = %inner.spec.name, "a dropped run's claim could not be given up");
                 }
             });
         }
     }
 }
 
-/// Records the run span's outcome, `cancelled` if the run's future is dropped first.
 /// Records how a run ended on its span.
 fn finish<T>(recorder: &mut SpanOutcome, result: &Result<RunOutcome<T>>) {
     let (outcome, failed) = match result {
@@ -589,12 +459,10 @@ fn finish<T>(recorder: &mut SpanOutcome, result: &Result<RunOutcome<T>>) {
 
 impl fmt::Debug for ScheduledJob {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let i = &self.inner;
         f.debug_struct("ScheduledJob")
-            .field("name", &i.name)
-            .field("table", &i.table)
-            .field("period", &i.period)
-            .field("micros", &i.micros)
+            .field("spec", &self.inner.spec)
+            .field("store", &self.inner.store)
+            .field("locks", &self.inner.locks)
             .finish_non_exhaustive()
     }
 }

@@ -3,9 +3,23 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
-use pglock::schedule::JobTable;
+use pglock::PostgresLockManager;
+use pglock::schedule::{JobTable, PostgresJobStore, ScheduledJob, ScheduledJobBuilder};
 use sqlx::PgPool;
+
+/// A scheduled job on `locks`, recorded in `table` of the manager's own database.
+pub fn pg_job(
+    locks: &PostgresLockManager,
+    table: &JobTable,
+    name: impl Into<String>,
+    period: Duration,
+) -> ScheduledJobBuilder {
+    let store = PostgresJobStore::with_table(locks.pool().clone(), table.clone());
+    ScheduledJob::builder(Arc::new(locks.clone()), Arc::new(store), name, period)
+}
 
 /// A job table no other test uses: its name, and the table for builders.
 pub fn private_table() -> (String, JobTable) {

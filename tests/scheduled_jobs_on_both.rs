@@ -1,0 +1,257 @@
+//! Scheduled jobs over the port: every case runs twice, on `InMemoryLockManager` with an
+//! `InMemoryJobStore` (what a unit test of a user's job uses) and on `PostgresLockManager`
+//! with a `PostgresJobStore`, so the two stores keep the same rules.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pglock::schedule::{
+    InMemoryJobStore, JobStore, PostgresJobStore, RunOutcome, ScheduledJob, ScheduledJobBuilder,
+    Skip,
+};
+use pglock::{
+    Error, InMemoryLockManager, InMemoryLockServer, LockManager, LockManagerExt, LossCause,
+    PostgresLockManager,
+};
+
+const HOUR: Duration = Duration::from_secs(3600);
+const BOUND: Duration = Duration::from_secs(10);
+
+/// Where the replicas of one case keep their locks and their job's record.
+enum Backend {
+    Memory {
+        server: InMemoryLockServer,
+        store: InMemoryJobStore,
+    },
+    Postgres {
+        table: pglock::schedule::JobTable,
+    },
+}
+
+impl Backend {
+    fn memory() -> Self {
+        Backend::Memory {
+            server: InMemoryLockServer::new(),
+            store: InMemoryJobStore::new(),
+        }
+    }
+
+    fn postgres() -> Self {
+        Backend::Postgres {
+            table: common::jobs::private_table().1,
+        }
+    }
+
+    /// One replica: a lock manager of its own, and the shared store.
+    async fn replica(&self) -> (Arc<dyn LockManager>, Arc<dyn JobStore>) {
+        match self {
+            Backend::Memory { server, store } => (
+                Arc::new(InMemoryLockManager::builder().server(server).build()),
+                Arc::new(store.clone()),
+            ),
+            Backend::Postgres { table } => {
+                let pool = common::pool(3).await;
+                let store = PostgresJobStore::with_table(pool.clone(), table.clone());
+                (Arc::new(PostgresLockManager::new(pool)), Arc::new(store))
+            }
+        }
+    }
+
+    /// The job `name` on a new replica: a period of an hour, no min hold.
+    async fn job(&self, name: &str) -> (Arc<dyn LockManager>, ScheduledJobBuilder) {
+        let (locks, store) = self.replica().await;
+        let job =
+            ScheduledJob::builder(Arc::clone(&locks), store, name, HOUR).min_hold(Duration::ZERO);
+        (locks, job)
+    }
+}
+
+/// Turns each `async fn case(backend: Backend)` into `memory::case` and `postgres::case`.
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(super::Backend::memory()).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(super::Backend::postgres()).await
+                }
+            )*
+        }
+    };
+}
+
+on_both!(
+    a_window_runs_once_across_replicas,
+    a_body_cut_off_at_its_max_hold_leaves_the_window_open,
+    a_run_whose_lock_is_taken_away_is_cancelled_and_the_window_stays_open,
+    the_body_is_a_critical_section_of_the_jobs_lock,
+    a_dropped_run_gives_its_claim_up,
+    until_next_window_is_within_a_period,
+);
+
+fn skip<T>(outcome: &RunOutcome<T>) -> &Skip {
+    outcome.skipped().expect("skipped")
+}
+
+async fn a_window_runs_once_across_replicas(backend: Backend) {
+    let name = common::jobs::job_name("once");
+    let mut jobs = Vec::new();
+    for _ in 0..3 {
+        jobs.push(backend.job(&name).await.1.build().expect("valid"));
+    }
+    let outcomes =
+        futures::future::join_all(jobs.iter().map(|job| job.run(|run| async move { run.run })))
+            .await;
+    let ran: Vec<i64> = outcomes
+        .iter()
+        .filter_map(|outcome| outcome.as_ref().expect("no error").run().map(|run| run.run))
+        .collect();
+    assert_eq!(ran, [1], "exactly one replica ran the window, as run 1");
+    for outcome in &outcomes {
+        if let Ok(outcome @ RunOutcome::Skipped { .. }) = outcome {
+            assert!(
+                matches!(
+                    skip(outcome),
+                    Skip::Busy | Skip::Running { .. } | Skip::AlreadyRan { .. }
+                ),
+                "{outcome:?}"
+            );
+        }
+    }
+    // Later in the same window, every replica is told it ran already.
+    for job in &jobs {
+        let outcome = job.run(|_| async {}).await.expect("no error");
+        assert!(
+            matches!(skip(&outcome), Skip::AlreadyRan { run: 1, .. }),
+            "{outcome:?}"
+        );
+    }
+}
+
+async fn a_body_cut_off_at_its_max_hold_leaves_the_window_open(backend: Backend) {
+    let name = common::jobs::job_name("overrun");
+    let (_, builder) = backend.job(&name).await;
+    let job = builder
+        .max_hold(Duration::from_millis(200))
+        .build()
+        .expect("valid");
+    let err = job
+        .run(|_| std::future::pending::<()>())
+        .await
+        .expect_err("cut off at the max hold");
+    assert!(
+        matches!(err, pglock::schedule::Error::Overran { .. }),
+        "{err:?}"
+    );
+    // The window did not complete: it runs again, as the next run.
+    let outcome = job
+        .run(|run| async move { run.run })
+        .await
+        .expect("no error");
+    assert_eq!(outcome.into_value(), Some(2));
+}
+
+async fn a_run_whose_lock_is_taken_away_is_cancelled_and_the_window_stays_open(backend: Backend) {
+    let name = common::jobs::job_name("taken-away");
+    let (locks, builder) = backend.job(&name).await;
+    let job = builder.build().expect("valid");
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let running = tokio::spawn({
+        let job = job.clone();
+        async move {
+            job.run(|_| async move {
+                let _ = started_tx.send(());
+                std::future::pending::<()>().await
+            })
+            .await
+        }
+    });
+    common::within("the body starts", started)
+        .await
+        .expect("started");
+    locks
+        .release(job.lock_key())
+        .await
+        .expect("the job's lock is held by this manager");
+    let err = common::within("the run ends", running)
+        .await
+        .expect("join")
+        .expect_err("the body was cancelled");
+    match err {
+        pglock::schedule::Error::Lock(Error::LockLost {
+            cause: LossCause::Released,
+            ..
+        }) => {}
+        other => panic!("expected LockLost(Released), got {other:?}"),
+    }
+    // The claim was given up: the window runs again.
+    let outcome = job
+        .run(|run| async move { run.run })
+        .await
+        .expect("no error");
+    assert_eq!(outcome.into_value(), Some(2));
+}
+
+async fn the_body_is_a_critical_section_of_the_jobs_lock(backend: Backend) {
+    let name = common::jobs::job_name("nested");
+    let (locks, builder) = backend.job(&name).await;
+    let job = builder.build().expect("valid");
+    let key = job.lock_key().clone();
+    let nested = job
+        .run(|_| async move {
+            tokio::time::timeout(BOUND, locks.try_acquire(key))
+                .await
+                .expect("refused at once")
+                .map(drop)
+        })
+        .await
+        .expect("no error")
+        .into_value()
+        .expect("ran");
+    assert!(matches!(nested, Err(Error::Reentrant { .. })), "{nested:?}");
+}
+
+async fn a_dropped_run_gives_its_claim_up(backend: Backend) {
+    let name = common::jobs::job_name("dropped");
+    let (_, builder) = backend.job(&name).await;
+    let job = builder.build().expect("valid");
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let running = tokio::spawn({
+        let job = job.clone();
+        async move {
+            job.run(|_| async move {
+                let _ = started_tx.send(());
+                std::future::pending::<()>().await
+            })
+            .await
+        }
+    });
+    common::within("the body starts", started)
+        .await
+        .expect("started");
+    running.abort();
+    assert!(running.await.expect_err("aborted").is_cancelled());
+    // The claim is given up in the background, and the lock released: the window runs again.
+    common::eventually("the window runs again", || async {
+        job.run(|_| async {}).await.expect("no error").ran()
+    })
+    .await;
+}
+
+async fn until_next_window_is_within_a_period(backend: Backend) {
+    let name = common::jobs::job_name("next");
+    let (_, builder) = backend.job(&name).await;
+    let job = builder.build().expect("valid");
+    let left = job.until_next_window().await.expect("ask");
+    assert!(left > Duration::ZERO && left <= HOUR, "{left:?}");
+}
