@@ -35,6 +35,14 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, Semaphore};
 
+/// Locks `mutex`, carrying on after a panic of another holder: the mutexes of this crate guard
+/// a child process handle, which a panic cannot leave half-changed.
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 pub use pgbouncer::{HOW_TO_GET_PGBOUNCER, PoolMode, TempPgBouncer};
 pub use pglock::hooks::{Stage, StageHook};
 pub use server::{TempPostgres, database_url, shared_server};

@@ -191,12 +191,7 @@ impl TempPgBouncer {
             if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
                 return Ok(());
             }
-            let exited = match self
-                .process
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .as_mut()
-            {
+            let exited = match crate::lock(&self.process).as_mut() {
                 Some(child) => child.try_wait()?,
                 None => None,
             };
@@ -233,11 +228,7 @@ impl TempPgBouncer {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?;
-        let previous = self
-            .watchdog
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .replace(child);
+        let previous = crate::lock(&self.watchdog).replace(child);
         if let Some(mut previous) = previous {
             // The watchdog of a failed attempt: its PgBouncer is already gone.
             let _ = previous.kill();
@@ -247,7 +238,7 @@ impl TempPgBouncer {
     }
 
     fn replace_process(&self, child: Option<Child>) -> Option<Child> {
-        let mut process = self.process.lock().unwrap_or_else(|p| p.into_inner());
+        let mut process = crate::lock(&self.process);
         std::mem::replace(&mut *process, child)
     }
 
@@ -262,11 +253,7 @@ impl TempPgBouncer {
 impl Drop for TempPgBouncer {
     fn drop(&mut self) {
         self.kill();
-        let watchdog = self
-            .watchdog
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let watchdog = crate::lock(&self.watchdog).take();
         if let Some(mut watchdog) = watchdog {
             // Its PgBouncer is gone; closing its stdin lets it delete the directory.
             drop(watchdog.stdin.take());

@@ -245,7 +245,7 @@ impl TempPostgres {
             .stderr(Stdio::null())
             .process_group(0)
             .spawn()?;
-        *self.watchdog.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
+        *crate::lock(&self.watchdog) = Some(child);
         Ok(())
     }
 }
@@ -253,11 +253,7 @@ impl TempPostgres {
 impl Drop for TempPostgres {
     fn drop(&mut self) {
         self.cluster.stop_now();
-        let watchdog = self
-            .watchdog
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let watchdog = crate::lock(&self.watchdog).take();
         if let Some(mut watchdog) = watchdog {
             // Closing its stdin lets the watchdog finish the clean-up; wait so the directory is
             // gone when drop returns.
