@@ -231,11 +231,7 @@ pub trait LockManagerExt: LockManager {
         Fut: Future<Output = T> + Send,
         T: Send,
     {
-        let key = key.into();
-        async move {
-            let guard = acquire(self, key, LockMode::Exclusive, timeout).await?;
-            run_and_release(guard, body).await
-        }
+        locked(self, key.into(), LockMode::Exclusive, timeout, body)
     }
 
     /// As [`with_lock`](Self::with_lock), holding `key` in shared mode: readers that must not
@@ -259,11 +255,7 @@ pub trait LockManagerExt: LockManager {
         Fut: Future<Output = T> + Send,
         T: Send,
     {
-        let key = key.into();
-        async move {
-            let guard = acquire(self, key, LockMode::Shared, timeout).await?;
-            run_and_release(guard, body).await
-        }
+        locked(self, key.into(), LockMode::Shared, timeout, body)
     }
 
     /// Runs `body` under the exclusive lock on `key` if the lock is free right now, and returns
@@ -301,13 +293,7 @@ pub trait LockManagerExt: LockManager {
         Fut: Future<Output = T> + Send,
         T: Send,
     {
-        let key = key.into();
-        async move {
-            match try_acquire(self, key, LockMode::Exclusive).await? {
-                Some(guard) => run_and_release(guard, body).await.map(Some),
-                None => Ok(None),
-            }
-        }
+        try_locked(self, key.into(), LockMode::Exclusive, body)
     }
 
     /// As [`try_with_lock`](Self::try_with_lock), holding `key` in shared mode.
@@ -329,13 +315,7 @@ pub trait LockManagerExt: LockManager {
         Fut: Future<Output = T> + Send,
         T: Send,
     {
-        let key = key.into();
-        async move {
-            match try_acquire(self, key, LockMode::Shared).await? {
-                Some(guard) => run_and_release(guard, body).await.map(Some),
-                None => Ok(None),
-            }
-        }
+        try_locked(self, key.into(), LockMode::Shared, body)
     }
 }
 
@@ -377,6 +357,43 @@ async fn try_acquire<M: LockManager + ?Sized>(
     manager
         .lock(&key, AcquireOptions::new(mode, Wait::No))
         .await
+}
+
+/// `with_lock` in `mode`: waits for the lock, then runs `body` under it.
+async fn locked<M, F, Fut, T>(
+    manager: &M,
+    key: LockKey,
+    mode: LockMode,
+    timeout: Option<Duration>,
+    body: F,
+) -> Result<T>
+where
+    M: LockManager + ?Sized,
+    F: FnOnce(LockInfo) -> Fut + Send,
+    Fut: Future<Output = T> + Send,
+    T: Send,
+{
+    let guard = acquire(manager, key, mode, timeout).await?;
+    run_and_release(guard, body).await
+}
+
+/// `try_with_lock` in `mode`: runs `body` under the lock if it is free right now.
+async fn try_locked<M, F, Fut, T>(
+    manager: &M,
+    key: LockKey,
+    mode: LockMode,
+    body: F,
+) -> Result<Option<T>>
+where
+    M: LockManager + ?Sized,
+    F: FnOnce(LockInfo) -> Fut + Send,
+    Fut: Future<Output = T> + Send,
+    T: Send,
+{
+    match try_acquire(manager, key, mode).await? {
+        Some(guard) => run_and_release(guard, body).await.map(Some),
+        None => Ok(None),
+    }
 }
 
 /// Runs `body` as `guard`'s critical section, then releases the lock.

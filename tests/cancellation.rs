@@ -130,14 +130,7 @@ async fn postgres_releases_cancelled_before_the_unlock_still_release() {
     let pg = Pg::new("cancel-release", 4).await;
     let (locks, pause) = pg.manager_parking_at(Stage::Unlock);
     let released = key("cancel-release");
-    assert!(
-        locks
-            .try_acquire(&released)
-            .await
-            .expect("try")
-            .map(LockGuard::leak)
-            .is_some()
-    );
+    common::hold(&locks, &released).await;
     cancel_when_parked(locks.release(&released), &pause, Stage::Unlock).await;
     pg.assert_nothing_left(&locks, &[&released]).await;
 
@@ -154,14 +147,7 @@ async fn postgres_releases_cancelled_before_the_unlock_still_release() {
     let (locks, pause) = pg.manager_parking_at(Stage::Unlock);
     let keys = [key("all-1"), key("all-2"), key("all-3")];
     for key in &keys {
-        assert!(
-            locks
-                .try_acquire(key)
-                .await
-                .expect("try")
-                .map(LockGuard::leak)
-                .is_some()
-        );
+        common::hold(&locks, key).await;
     }
     cancel_when_parked(locks.release_all(), &pause, Stage::Unlock).await;
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
@@ -350,14 +336,7 @@ async fn in_memory_operations_cancelled_at_each_stage() {
     }
     let (manager, pause) = build(Stage::Unlock);
     let released = key("memory-release");
-    assert!(
-        manager
-            .try_acquire(&released)
-            .await
-            .expect("try")
-            .map(LockGuard::leak)
-            .is_some()
-    );
+    common::hold(&manager, &released).await;
     cancel_when_parked(manager.release(&released), &pause, Stage::Unlock).await;
     assert_free(manager, released).await;
 

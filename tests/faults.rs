@@ -8,9 +8,7 @@ use std::time::Duration;
 
 use common::proxy::Proxy;
 use common::{app_name, key, lock_rows, observer, pool_named};
-use pglock::{
-    Error, LockGuard, LockManager, LockManagerExt, LossCause, PostgresLockManager, lock_id,
-};
+use pglock::{Error, LockManager, LockManagerExt, LossCause, PostgresLockManager, lock_id};
 use pglock_testing::TempPostgres;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -79,14 +77,7 @@ async fn a_server_restart_loses_held_locks_and_the_manager_recovers() {
     let unchecked = watched(connect(&server.url(), false).await);
     let (a, b, c) = (key("restart-a"), key("restart-b"), key("restart-c"));
     let guard = checked.acquire(&a, None).await.expect("acquire");
-    assert!(
-        checked
-            .try_acquire(&b)
-            .await
-            .expect("try")
-            .map(LockGuard::leak)
-            .is_some()
-    );
+    common::hold(&checked, &b).await;
     let other = unchecked.acquire(&c, None).await.expect("acquire");
     // Warm both pools with idle connections that the restart will kill.
     for locks in [&checked, &unchecked] {
@@ -144,14 +135,7 @@ async fn a_server_restart_loses_held_locks_and_the_manager_recovers() {
             .await
             .expect("the manager works again once the server is back");
         guard.release().await.expect("release");
-        assert!(
-            locks
-                .try_acquire(key)
-                .await
-                .expect("try")
-                .map(LockGuard::leak)
-                .is_some()
-        );
+        common::hold(locks, key).await;
         locks.release(key).await.expect("release");
     }
 }

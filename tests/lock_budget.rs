@@ -14,36 +14,10 @@ use common::{app_name, key, observer, pool_named};
 use pglock::{
     Error, InMemoryLockManager, LockGuard, LockManager, LockManagerExt, PostgresLockManager,
 };
-use pglock_testing::TempPostgres;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 
 const BOUND: Duration = Duration::from_secs(30);
-
-/// A private server with the stock `max_connections` of 100 and `max_locks_per_transaction`
-/// of 64 (the shared test server allows more connections), so its lock table has its stock
-/// size: 6,400 slots.
-async fn stock_server() -> TempPostgres {
-    let server = TempPostgres::start().unwrap_or_else(|err| {
-        panic!(
-            "this test needs a private server with stock settings, started from the PostgreSQL \
-             server binaries (install them, or point PGLOCK_PG_BIN at them): {err}"
-        )
-    });
-    let admin = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&server.url())
-        .await
-        .expect("connect");
-    sqlx::query("ALTER SYSTEM SET max_connections = 100")
-        .execute(&admin)
-        .await
-        .expect("configure");
-    admin.close().await;
-    server.stop().expect("stop");
-    server.start_again().expect("restart");
-    server
-}
 
 /// A pool with sqlx's defaults (at most 10 connections) on `url`, tagged `app`.
 async fn default_pool(url: &str, app: &str) -> PgPool {
@@ -99,7 +73,7 @@ async fn take_keys(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manager_asked_for_thirty_thousand_keys_stops_at_its_budget_and_the_database_goes_on() {
-    let server = stock_server().await;
+    let server = common::stock_server().await;
     let url = server.url();
     let observer = PgPoolOptions::new()
         .max_connections(1)
@@ -181,7 +155,7 @@ async fn a_manager_asked_for_thirty_thousand_keys_stops_at_its_budget_and_the_da
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_budget_a_full_lock_table_is_a_typed_error() {
-    let server = stock_server().await;
+    let server = common::stock_server().await;
     let url = server.url();
     let app = app_name("no-budget");
     let pool = default_pool(&url, &app).await;

@@ -16,7 +16,6 @@ use std::time::Duration;
 use common::proxy::Proxy;
 use common::{app_name, eventually, key, lock_rows, observer, pool_named};
 use pglock::{FencingTable, LockGuard, LockManager, LockManagerExt, PostgresLockManager, lock_id};
-use pglock_testing::TempPostgres;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -46,35 +45,11 @@ async fn tagged_sessions(observer: &PgPool, app: &str) -> i64 {
     .expect("query pg_stat_activity")
 }
 
-/// A private server with the stock `max_connections` of 100 (the test servers allow more), so
-/// its shared lock table has its stock size too.
-async fn stock_server() -> TempPostgres {
-    let server = TempPostgres::start().unwrap_or_else(|err| {
-        panic!(
-            "this test needs a private server with stock settings, started from the PostgreSQL \
-             server binaries (install them, or point PGLOCK_PG_BIN at them): {err}"
-        )
-    });
-    let admin = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&server.url())
-        .await
-        .expect("connect");
-    sqlx::query("ALTER SYSTEM SET max_connections = 100")
-        .execute(&admin)
-        .await
-        .expect("configure");
-    admin.close().await;
-    server.stop().expect("stop");
-    server.start_again().expect("restart");
-    server
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_keys_are_held_at_once_on_the_default_pool_of_a_stock_server() {
     const KEYS: usize = 10_000;
     const TASKS: usize = 16;
-    let server = stock_server().await;
+    let server = common::stock_server().await;
     let observer = PgPoolOptions::new()
         .max_connections(1)
         .connect(&server.url())
@@ -349,14 +324,7 @@ async fn a_try_dropped_with_its_statement_in_flight_touches_no_other_lock() {
         assert!(!guard.loss_signal().is_lost());
         guard.release().await.expect("release");
     }
-    assert!(
-        locks
-            .try_acquire(&tried)
-            .await
-            .expect("try")
-            .map(LockGuard::leak)
-            .is_some()
-    );
+    common::hold(&locks, &tried).await;
     locks.release(&tried).await.expect("release");
 }
 

@@ -12,7 +12,7 @@ use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMetrics};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 use pglock::telemetry::{self, metrics, outcome};
-use pglock::{InMemoryLockManager, LockGuard, LockManagerExt, LossCause, PostgresLockManager};
+use pglock::{InMemoryLockManager, LockManagerExt, LossCause, PostgresLockManager};
 
 struct Pipeline {
     exporter: InMemoryMetricExporter,
@@ -163,14 +163,7 @@ async fn postgres_manager_records_waits_outcomes_held_locks_and_losses() {
 
     let guard_a = locks.acquire(&a, None).await.expect("acquire");
     // Leaked into the registry: held until released by key below.
-    assert!(
-        locks
-            .try_acquire(&b)
-            .await
-            .expect("try")
-            .map(LockGuard::leak)
-            .is_some()
-    );
+    common::hold(&locks, &b).await;
     let held = rival
         .acquire(&common::key("metrics-c"), None)
         .await

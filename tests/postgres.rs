@@ -354,14 +354,7 @@ async fn pool_exhaustion_is_a_typed_error_within_the_deadline() {
     // try_acquire runs on the lock session: it never waits for the pool.
     assert!(locks.try_acquire(&other).await.expect("try").is_none());
     held.release().await.expect("release");
-    assert!(
-        locks
-            .try_acquire(&other)
-            .await
-            .expect("try")
-            .map(LockGuard::leak)
-            .is_some()
-    );
+    common::hold(&locks, &other).await;
     locks.release(&other).await.expect("release");
     first.release().await.expect("release");
 }
@@ -408,14 +401,7 @@ async fn without_a_lock_session_a_try_fails_typed_within_the_pools_acquire_timeo
         "bounded by the deadline, not the pool's acquire timeout: {elapsed:?}"
     );
     drop(taken);
-    assert!(
-        locks
-            .try_acquire(&key("warm"))
-            .await
-            .expect("try")
-            .map(LockGuard::leak)
-            .is_some()
-    );
+    common::hold(&locks, &key("warm")).await;
     assert_eq!(locks.release_all().await.expect("release all"), 1);
 }
 
@@ -578,14 +564,7 @@ async fn a_failed_unlock_is_reported_and_its_connection_is_not_pooled() {
     let app = app_name("dead-session");
     let locks = manager(&app, 2).await;
     let key = key("dead-session");
-    assert!(
-        locks
-            .try_acquire(&key)
-            .await
-            .expect("try")
-            .map(LockGuard::leak)
-            .is_some()
-    );
+    common::hold(&locks, &key).await;
     let holder_pid = lock_rows(&observer, lock_id(&key)).await[0].pid;
     let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
         .bind(holder_pid)
@@ -625,14 +604,7 @@ async fn dropping_the_manager_frees_its_locks() {
     let pool = pool_named(2, &app).await;
     let locks = common::manager_for(pool.clone(), &app).build();
     let key = key("dropped-manager");
-    assert!(
-        locks
-            .try_acquire(&key)
-            .await
-            .expect("try")
-            .map(LockGuard::leak)
-            .is_some()
-    );
+    common::hold(&locks, &key).await;
     drop(locks);
     assert_pool_clean(&observer, &app).await;
     let next = manager(&app_name("next"), 2).await;

@@ -403,7 +403,7 @@ async fn the_table_is_created_once_under_any_valid_name() {
         })
         .collect();
     // Concurrent first uses create it once, without colliding.
-    let ensured = futures_join(jobs.iter().map(|job| job.prepare())).await;
+    let ensured = futures::future::join_all(jobs.iter().map(|job| job.prepare())).await;
     assert!(ensured.iter().all(Result::is_ok), "{ensured:?}");
     for job in &jobs {
         ran(job.run(|_| async {}).await.expect("run"));
@@ -414,33 +414,6 @@ async fn the_table_is_created_once_under_any_valid_name() {
             .await
             .expect("count");
     assert_eq!(count, 4);
-}
-
-/// Runs the futures concurrently on this task and collects their outputs in order.
-async fn futures_join<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
-    let mut set = Vec::new();
-    for future in futures {
-        set.push(Box::pin(future));
-    }
-    let mut outputs: Vec<Option<F::Output>> = set.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (future, output) in set.iter_mut().zip(outputs.iter_mut()) {
-            if output.is_none() {
-                match future.as_mut().poll(cx) {
-                    std::task::Poll::Ready(value) => *output = Some(value),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    outputs.into_iter().map(|o| o.expect("ready")).collect()
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Backend, Harness, SOURCE, TARGET, TestLag, TestStores, coordinator, within};
-use pglock::{LockGuard, LockManager, LockManagerExt};
+use pglock::{LockManager, LockManagerExt};
 use pglock_migration::{
     AuditEvent, CutoverError, CutoverFailure, CutoverManager, CutoverResult, MigrationConfig,
     MigrationPhase, NotReady, Readiness, RoutingChange, RoutingState, WriteGate,
@@ -28,15 +28,8 @@ fn with_setup(rest: &[AuditEvent]) -> Vec<AuditEvent> {
 /// Asserts that neither the cutover lock nor the write gate is held by anyone.
 async fn assert_locks_free(locks: &dyn LockManager, tenant: Uuid) {
     for key in [CutoverManager::lock_key(tenant), WriteGate::key(tenant)] {
-        assert!(
-            locks
-                .try_acquire(&key)
-                .await
-                .expect("try")
-                .map(LockGuard::leak)
-                .is_some(),
-            "{key} is still held"
-        );
+        // Free, or this panics.
+        common::hold(locks, &key).await;
         locks.release(&key).await.expect("release the probe");
     }
 }

@@ -55,3 +55,28 @@ pub fn manager_for(pool: PgPool, app: &str) -> pglock::PostgresLockManagerBuilde
 pub async fn observer() -> PgPool {
     pool_named(2, "pglock-observer").await
 }
+
+/// A private server with the stock `max_connections` of 100 (the shared test server allows
+/// more) and `max_locks_per_transaction` of 64, so its shared lock table has its stock size
+/// too: 6,400 slots.
+pub async fn stock_server() -> pglock_testing::TempPostgres {
+    let server = pglock_testing::TempPostgres::start().unwrap_or_else(|err| {
+        panic!(
+            "this test needs a private server with stock settings, started from the PostgreSQL \
+             server binaries (install them, or point PGLOCK_PG_BIN at them): {err}"
+        )
+    });
+    let admin = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&server.url())
+        .await
+        .expect("connect");
+    sqlx::query("ALTER SYSTEM SET max_connections = 100")
+        .execute(&admin)
+        .await
+        .expect("configure");
+    admin.close().await;
+    server.stop().expect("stop");
+    server.start_again().expect("restart");
+    server
+}

@@ -3,6 +3,7 @@
 
 pub mod child;
 mod db;
+mod held;
 pub mod hooked;
 pub mod jobs;
 pub mod otel;
@@ -14,5 +15,6 @@ mod views;
 mod wait;
 
 pub use db::*;
+pub use held::*;
 pub use views::*;
 pub use wait::*;

@@ -9,6 +9,8 @@ mod db;
 mod fenced;
 mod flaky;
 mod harness;
+#[path = "../../../tests/common/held.rs"]
+mod held;
 #[path = "../../../tests/common/otel.rs"]
 pub mod otel;
 mod plugins;
@@ -19,6 +21,7 @@ pub use db::*;
 pub use fenced::Fenced;
 pub use flaky::{Fault, FlakyStore};
 pub use harness::*;
+pub use held::*;
 pub use plugins::*;
 
 /// Turns each scenario `async fn name(backend: Backend)` of the calling test file into two
