@@ -34,7 +34,7 @@ use crate::postgres::table::OwnTable;
 /// GRANT SELECT, INSERT, UPDATE ON pglock_scheduled_jobs TO app;
 /// ```
 ///
-/// [`ScheduledJob::ensure_table`](super::ScheduledJob::ensure_table) runs the check up front.
+/// [`ScheduledJob::prepare`](super::ScheduledJob::prepare) runs the check up front.
 ///
 /// ```
 /// use pglock::schedule::JobTable;
