@@ -21,6 +21,7 @@
 //! | [`FencingTable`], [`fence`] | Fencing tokens minted with each acquisition, and the resource side for rows of your own tables ([`RowFence`]). |
 //! | [`leader`] | [`LeaderElection`]: a campaign, leadership as a `watch`, leader work cancelled when the lock goes. |
 //! | [`schedule`] | [`ScheduledJob`]: a job run at most once per time window across every process, with its record in PostgreSQL. |
+//! | [`semaphore`] | [`Semaphore`](semaphore::Semaphore): at most N holders of a name at once, in arrival order. |
 //! | [`inspect`] | Who holds and who waits for each advisory lock, read from `pg_locks` and `pg_stat_activity`. |
 //! | [`telemetry`] | Span, field and metric names. |
 //! | [`hooks`] | Seams for cancellation tests: a lock operation's await points, named. |
@@ -120,6 +121,7 @@ mod metrics;
 mod postgres;
 pub mod schedule;
 mod scope;
+pub mod semaphore;
 mod sync;
 pub mod telemetry;
 mod xact;

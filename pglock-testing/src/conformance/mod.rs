@@ -15,9 +15,10 @@
 //!
 //! The first nine cases (`python.rs`) are those of the Python original's conformance suite;
 //! the rest pin the properties pglock adds, one file per theme (`guards.rs`, `turns.rs`,
-//! `kinds.rs`): guards that release only their own acquisition and are told when
+//! `kinds.rs`, `semaphores.rs`): guards that release only their own acquisition and are told when
 //! their lock is taken away, cancellation, deadlines, callers of one manager taking turns
-//! (sibling futures of one task included), nested critical sections refused at once.
+//! (sibling futures of one task included), nested critical sections refused at once, and
+//! [`Semaphore`](pglock::semaphore::Semaphore)s built on the manager.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -29,11 +30,13 @@ use pglock::{LockGuard, LockManager, LockManagerExt, LockMode};
 mod guards;
 mod kinds;
 mod python;
+mod semaphores;
 mod turns;
 
 pub use guards::*;
 pub use kinds::*;
 pub use python::*;
+pub use semaphores::*;
 pub use turns::*;
 
 /// A boxed case future.
@@ -94,6 +97,11 @@ cases!(
     try_acquire_hands_out_a_guard,
     keys_of_every_kind_are_locks_of_their_own,
     conveniences_release_on_every_path,
+    a_semaphore_hands_out_at_most_its_permits,
+    a_semaphore_waiter_takes_the_next_permit_given_back,
+    a_semaphore_acquire_gives_up_at_its_deadline,
+    a_cancelled_semaphore_acquire_leaks_nothing,
+    a_permit_is_told_when_its_slot_is_taken_away,
 );
 
 /// Generates one `#[tokio::test]` per conformance case for the manager that `$factory` builds.
@@ -137,6 +145,11 @@ macro_rules! conformance_tests {
             try_acquire_hands_out_a_guard,
             keys_of_every_kind_are_locks_of_their_own,
             conveniences_release_on_every_path,
+            a_semaphore_hands_out_at_most_its_permits,
+            a_semaphore_waiter_takes_the_next_permit_given_back,
+            a_semaphore_acquire_gives_up_at_its_deadline,
+            a_cancelled_semaphore_acquire_leaks_nothing,
+            a_permit_is_told_when_its_slot_is_taken_away,
         );
     };
 }
