@@ -59,6 +59,13 @@ impl Backend {
         }
     }
 
+    /// The job's record, as a store of this backend reads it.
+    async fn record(&self, job: &ScheduledJob) -> pglock::schedule::JobRecord {
+        let (_, store) = self.replica().await;
+        let state = store.state(job.spec()).await.expect("read the record");
+        state.record.expect("the job was claimed")
+    }
+
     /// The job `name` on a new replica: a period of an hour, no min hold.
     async fn job(&self, name: &str) -> (Arc<dyn LockManager>, ScheduledJobBuilder) {
         let (locks, store) = self.replica().await;
@@ -97,6 +104,8 @@ on_both!(
     the_body_is_a_critical_section_of_the_jobs_lock,
     a_dropped_run_gives_its_claim_up,
     until_next_window_is_within_a_period,
+    a_run_that_extends_outlives_its_max_hold_and_the_record_shows_it,
+    extensions_stop_at_the_max_total_hold,
 );
 
 fn skip<T>(outcome: &RunOutcome<T>) -> &Skip {
@@ -254,4 +263,106 @@ async fn until_next_window_is_within_a_period(backend: Backend) {
     let job = builder.build().expect("valid");
     let left = job.until_next_window().await.expect("ask");
     assert!(left > Duration::ZERO && left <= HOUR, "{left:?}");
+}
+
+/// A run that keeps extending its hold runs on past its max hold without being cut off;
+/// meanwhile other replicas skip, told the extended end, and the record counts the extensions.
+async fn a_run_that_extends_outlives_its_max_hold_and_the_record_shows_it(backend: Backend) {
+    const MAX_HOLD: Duration = Duration::from_millis(300);
+    let name = common::jobs::job_name("extends");
+    let build = |builder: ScheduledJobBuilder| {
+        builder
+            .max_hold(MAX_HOLD)
+            .max_total_hold(HOUR)
+            .build()
+            .expect("valid")
+    };
+    let job = build(backend.job(&name).await.1);
+    let other = build(backend.job(&name).await.1);
+    let started = tokio::time::Instant::now();
+    let outcome = job
+        .run(|run| {
+            let other = other.clone();
+            async move {
+                let mut extensions = Vec::new();
+                for _ in 0..4 {
+                    // A stretch of work, half the max hold, then another max hold from now.
+                    tokio::time::sleep(MAX_HOLD / 2).await;
+                    let extension = run.extend(MAX_HOLD).await.expect("extended");
+                    assert!(!extension.capped);
+                    let seen = other.run(|_| async {}).await.expect("no error");
+                    match seen.skipped() {
+                        Some(Skip::Running { expires_at, .. }) => {
+                            assert_eq!(*expires_at, extension.hold_until)
+                        }
+                        _ => panic!("another replica ran an extended run's job: {seen:?}"),
+                    }
+                    extensions.push(extension.hold_until);
+                }
+                (run, extensions)
+            }
+        })
+        .await
+        .expect("not cut off: it extended its hold");
+    assert!(started.elapsed() > MAX_HOLD, "it ran past its max hold");
+    let RunOutcome::Ran {
+        value: (run, extensions),
+        ..
+    } = outcome
+    else {
+        panic!("the job ran")
+    };
+    assert!(
+        extensions.windows(2).all(|pair| pair[0] < pair[1]),
+        "{extensions:?}"
+    );
+    let record = backend.record(&job).await;
+    assert_eq!(record.extensions, 4);
+    assert!(record.extended_at.is_some() && record.finished_at.is_some());
+    let late = run.extend(MAX_HOLD).await;
+    assert!(
+        matches!(
+            late,
+            Err(pglock::schedule::Error::NotRunning { run: 1, .. })
+        ),
+        "{late:?}"
+    );
+}
+
+/// Extensions are bounded: a run that keeps asking is capped at its claim plus the max total
+/// hold, and cut off there.
+async fn extensions_stop_at_the_max_total_hold(backend: Backend) {
+    const TOTAL: Duration = Duration::from_millis(600);
+    let name = common::jobs::job_name("capped");
+    let job = backend
+        .job(&name)
+        .await
+        .1
+        .max_hold(Duration::from_millis(200))
+        .max_total_hold(TOTAL)
+        .build()
+        .expect("valid");
+    let err = job
+        .run(|run| async move {
+            loop {
+                let extension = run.extend(Duration::from_secs(60)).await.expect("extend");
+                if extension.capped {
+                    let claimed = run.started_at;
+                    let limit = claimed + chrono::Duration::from_std(TOTAL).expect("short");
+                    assert_eq!(extension.hold_until, limit);
+                    break;
+                }
+            }
+            // A stuck job: it would run for ever.
+            std::future::pending::<()>().await
+        })
+        .await
+        .expect_err("cut off at the max total hold");
+    match err {
+        pglock::schedule::Error::Overran { max_hold, .. } => {
+            assert!(max_hold <= TOTAL, "held {max_hold:?} of at most {TOTAL:?}")
+        }
+        other => panic!("expected an overrun, got {other:?}"),
+    }
+    assert_eq!(backend.record(&job).await.extensions, 1);
 }

@@ -26,6 +26,7 @@ pub struct ScheduledJobBuilder {
     pub(super) tolerance: Option<Duration>,
     pub(super) min_hold: Option<Duration>,
     pub(super) max_hold: Option<Duration>,
+    pub(super) max_total_hold: Option<Duration>,
 }
 
 impl ScheduledJobBuilder {
@@ -66,6 +67,16 @@ impl ScheduledJobBuilder {
         self
     }
 
+    /// How long a run may hold the job at most, counted from its claim, when it extends its
+    /// hold with [`JobRun::extend`](super::JobRun::extend) (ShedLock's `LockExtender`, with a
+    /// bound): a run that keeps extending is cut off once this has passed, so a stuck job that
+    /// keeps calling `extend` cannot hold the job for ever. Must not be shorter than the max
+    /// hold. Default: the max hold, so runs cannot extend.
+    pub fn max_total_hold(mut self, max_total_hold: Duration) -> Self {
+        self.max_total_hold = Some(max_total_hold);
+        self
+    }
+
     /// Checks the settings and builds the job. Nothing touches the database yet.
     ///
     /// # Errors
@@ -73,13 +84,15 @@ impl ScheduledJobBuilder {
     /// [`Error::InvalidSchedule`] when the name is empty, longer than 1024 bytes or contains a
     /// NUL byte; when the period is shorter than a millisecond; when the offset or the skew
     /// tolerance is not shorter than the period; when the max hold is zero or shorter than the
-    /// min hold; or when a duration exceeds a hundred years.
+    /// min hold; when the max total hold is shorter than the max hold; or when a duration
+    /// exceeds a hundred years.
     pub fn build(self) -> Result<ScheduledJob> {
         let Checked {
             period,
             tolerance,
             min_hold,
             max_hold,
+            max_total_hold,
         } = self.checked().map_err(|reason| Error::InvalidSchedule {
             job: self.name.clone(),
             reason,
@@ -94,6 +107,7 @@ impl ScheduledJobBuilder {
                     skew_tolerance: tolerance,
                     min_hold,
                     max_hold,
+                    max_total_hold,
                 },
                 locks: self.locks,
                 store: self.store,
@@ -111,6 +125,7 @@ impl ScheduledJobBuilder {
         }
         let max_hold = self.max_hold.unwrap_or(period);
         let min_hold = self.min_hold.unwrap_or_else(|| (period / 2).min(max_hold));
+        let max_total_hold = self.max_total_hold.unwrap_or(max_hold);
         let tolerance = self
             .tolerance
             .unwrap_or_else(|| (period / 10).min(Duration::from_secs(5)));
@@ -120,6 +135,7 @@ impl ScheduledJobBuilder {
             ("skew tolerance", tolerance),
             ("min hold", min_hold),
             ("max hold", max_hold),
+            ("max total hold", max_total_hold),
         ] {
             if value > LONGEST {
                 return Err(format!(
@@ -146,11 +162,18 @@ impl ScheduledJobBuilder {
                 "the min hold ({min_hold:?}) must not exceed the max hold ({max_hold:?})"
             ));
         }
+        if max_total_hold < max_hold {
+            return Err(format!(
+                "the max total hold ({max_total_hold:?}) must not be shorter than the max hold \
+                 ({max_hold:?})"
+            ));
+        }
         Ok(Checked {
             period,
             tolerance,
             min_hold,
             max_hold,
+            max_total_hold,
         })
     }
 }
@@ -161,6 +184,7 @@ struct Checked {
     tolerance: Duration,
     min_hold: Duration,
     max_hold: Duration,
+    max_total_hold: Duration,
 }
 
 fn check_name(name: &str) -> std::result::Result<(), &'static str> {
@@ -185,6 +209,7 @@ impl fmt::Debug for ScheduledJobBuilder {
             .field("skew_tolerance", &self.tolerance)
             .field("min_hold", &self.min_hold)
             .field("max_hold", &self.max_hold)
+            .field("max_total_hold", &self.max_total_hold)
             .field("store", &self.store)
             .finish_non_exhaustive()
     }
@@ -228,6 +253,11 @@ mod tests {
         assert!(reason(holds).contains("must not exceed"));
         let long = builder("j", LONGEST + secs(1)).build();
         assert!(reason(long).contains("hundred years"));
+        let short = builder("j", secs(60))
+            .max_hold(secs(10))
+            .max_total_hold(secs(9))
+            .build();
+        assert!(reason(short).contains("max total hold (9s) must not be shorter"));
     }
 
     #[tokio::test]
@@ -243,6 +273,11 @@ mod tests {
             "a tenth of the period, at most 5 s"
         );
         assert_eq!((spec.min_hold, spec.max_hold), (secs(150), secs(300)));
+        assert_eq!(
+            spec.max_total_hold,
+            secs(300),
+            "no extension unless asked for"
+        );
         let job = builder("j", Duration::from_secs(10))
             .max_hold(Duration::from_secs(2))
             .build()

@@ -52,13 +52,23 @@ pub enum Error {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
 
-    /// The body ran for its whole max hold and was cut off (its future dropped). The window
-    /// did not complete and may run again.
-    #[error("Scheduled job '{job}' was cut off after its max hold of {max_hold:?}")]
+    /// The body ran for its whole hold and was cut off (its future dropped). The window did
+    /// not complete and may run again.
+    #[error("Scheduled job '{job}' was cut off after its hold of {max_hold:?}")]
     Overran {
         /// The job's name.
         job: String,
-        /// The max hold it ran for.
+        /// The hold it ran for: the max hold, plus what the run's extensions added.
         max_hold: Duration,
+    },
+
+    /// [`JobRun::extend`](super::JobRun::extend) was called for a run that is over: its body
+    /// returned or was cut off, or its claim expired and was taken over.
+    #[error("Scheduled job '{job}': run {run} is over, its hold cannot be extended")]
+    NotRunning {
+        /// The job's name.
+        job: String,
+        /// The run number.
+        run: i64,
     },
 }

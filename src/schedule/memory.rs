@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use chrono::Utc;
 
 use super::Result;
-use super::store::{JobRecord, JobSpec, JobState, JobStore};
+use super::store::{Extension, JobRecord, JobSpec, JobState, JobStore};
 
 /// A [`JobStore`] in memory, for unit tests of code that runs scheduled jobs: the rules of the
 /// PostgreSQL store on the process's own clock.
@@ -108,6 +108,18 @@ impl JobStore for InMemoryJobStore {
             }
         });
         Ok(())
+    }
+
+    async fn extend(&self, spec: &JobSpec, run: i64, by: Duration) -> Result<Option<Extension>> {
+        Ok(self.with_record(spec, |state| {
+            let now = state.now;
+            match state.record.as_mut() {
+                Some(record) if record.runs == run && record.finished_at.is_none() => {
+                    Some(record.extend(spec, now, by))
+                }
+                _ => None,
+            }
+        }))
     }
 
     async fn until_next_window(&self, spec: &JobSpec) -> Result<Duration> {

@@ -74,6 +74,18 @@
 //!   skip; after it, the next replica to tick claims the job: the same window again if it is
 //!   still the current one.
 //!
+//! # Runs that take long: extending the hold
+//!
+//! A run whose length is not known up front (a backfill, a reindex) extends its hold as it
+//! makes progress, ShedLock's `LockExtender`: [`JobRun::extend`] moves the claim's end to a
+//! given time from now, in the store (others skip with [`Skip::Running`] until then) and here
+//! (the body is cut off then, unless it extends again). It is bounded: no run holds the job
+//! past its claim plus the [`max_total_hold`](ScheduledJobBuilder::max_total_hold) (by default
+//! the max hold, so runs cannot extend), so a stuck job that keeps calling `extend` is still
+//! cut off, and a runner that stops extending, stuck or dead, frees the job at the end of its
+//! last extension. The record counts the extensions ([`JobRecord::extensions`],
+//! [`JobRecord::extended_at`]).
+//!
 //! A window counts as done only once a run of it has **finished**: its body returned. A run
 //! that did not finish (it crashed, was cut off, was cancelled, or lost its lock) did not
 //! complete the window, so the window may be run again: at once after a cancellation or a cut
@@ -99,6 +111,7 @@
 
 mod builder;
 mod error;
+mod lease;
 mod memory;
 mod outcome;
 mod postgres;
@@ -110,7 +123,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::{Instant, sleep_until};
+use tokio::time::Instant;
 use tracing::{Instrument, Span, field::Empty};
 
 pub use self::builder::ScheduledJobBuilder;
@@ -118,9 +131,10 @@ pub use self::error::{Error, Result};
 pub use self::memory::InMemoryJobStore;
 pub use self::outcome::{JobRun, RunOutcome, Skip};
 pub use self::postgres::PostgresJobStore;
-pub use self::store::{JobRecord, JobSpec, JobState, JobStore};
+pub use self::store::{Extension, JobRecord, JobSpec, JobState, JobStore};
 pub use self::table::JobTable;
 
+use self::lease::Lease;
 use crate::telemetry::{SpanOutcome, job as names};
 use crate::{LockGuard, LockKey, LockManager, LockManagerExt, LossCause};
 
@@ -161,6 +175,7 @@ impl ScheduledJob {
             tolerance: None,
             min_hold: None,
             max_hold: None,
+            max_total_hold: None,
         }
     }
 
@@ -254,7 +269,7 @@ impl ScheduledJob {
         };
         // Counted from before the claim is sent, so the body is cut off before the claim,
         // stamped by the store a little later, expires.
-        let deadline = Instant::now() + spec.max_hold;
+        let claimed = Instant::now();
         let record = match store.claim(spec, locks.holder_id()).await? {
             Ok(record) => record,
             Err(state) => {
@@ -263,11 +278,12 @@ impl ScheduledJob {
                 return Ok(skipped(&state, reason));
             }
         };
-        let claim = Claim::new(&self.inner, record.runs);
-        let run = spec.run_of(record);
+        let lease = Lease::new(&self.inner, record.runs, claimed);
+        let claim = Claim::new(&self.inner, Arc::clone(&lease));
+        let run = spec.run_of(record, lease);
         span.record(names::WINDOW_START, run.window_start.to_rfc3339());
         span.record(names::RUN, run.run);
-        self.supervise(body, run, claim, guard, deadline).await
+        self.supervise(body, run, claim, guard).await
     }
 
     /// Runs the body of a claimed window until it finishes, overruns or loses its lock, and
@@ -278,25 +294,20 @@ impl ScheduledJob {
         run: JobRun,
         claim: Claim,
         guard: LockGuard,
-        deadline: Instant,
     ) -> Result<RunOutcome<T>>
     where
         F: FnOnce(JobRun) -> Fut + Send,
         Fut: Future<Output = T> + Send,
         T: Send,
     {
-        // The body runs as the job lock's critical section, cut off at the max hold; both
-        // ends drop it before anything below runs, so nothing is given up or released while
-        // it can still act. A loss wins over an overrun, and either over a body finishing at
-        // the same moment.
-        let run_body = async {
-            tokio::select! {
-                biased;
-                () = sleep_until(deadline) => Err(Ended::Overran),
-                value = body(run.clone()) => Ok(value),
-            }
-        };
+        // The body runs as the job lock's critical section, cut off at the end of its hold
+        // (the max hold, or later once extended); both ends drop it before anything below
+        // runs, so nothing is given up or released while it can still act. A loss wins over
+        // an overrun, and either over a body finishing at the same moment.
+        let lease = Arc::clone(&run.lease);
+        let run_body = async { lease.cut_off(body(run.clone())).await.ok_or(Ended::Overran) };
         let ended = (guard.section(run_body).await).unwrap_or_else(|cause| Err(Ended::Lost(cause)));
+        claim.lease.end();
         match ended {
             Ok(value) => {
                 if let Err(err) = claim.finish().await {
@@ -313,7 +324,7 @@ impl ScheduledJob {
                 release(guard).await;
                 Err(Error::Overran {
                     job: self.inner.spec.name.clone(),
-                    max_hold: self.inner.spec.max_hold,
+                    max_hold: lease.hold(),
                 })
             }
             Err(Ended::Lost(cause)) => {
@@ -384,18 +395,20 @@ fn skipped<T>(state: &JobState, reason: Skip) -> RunOutcome<T> {
 }
 
 /// A claimed window not yet finished. Dropped while armed (the run's future was dropped), it
-/// gives the claim up in the background.
+/// gives the claim up in the background. Dropped in any way, it ends the run's lease.
 struct Claim {
     inner: Arc<Inner>,
+    lease: Arc<Lease>,
     run: i64,
     armed: bool,
 }
 
 impl Claim {
-    fn new(inner: &Arc<Inner>, run: i64) -> Self {
+    fn new(inner: &Arc<Inner>, lease: Arc<Lease>) -> Self {
         Claim {
             inner: Arc::clone(inner),
-            run,
+            run: lease.run(),
+            lease,
             armed: true,
         }
     }
@@ -427,6 +440,7 @@ impl Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
+        self.lease.end();
         if !self.armed {
             return;
         }

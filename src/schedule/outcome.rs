@@ -1,9 +1,17 @@
 //! What a scheduled run reports: the run it made, or why it skipped.
 
+use std::fmt;
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 
+use super::lease::Lease;
+
 /// One claimed window of a [`ScheduledJob`](super::ScheduledJob), as the job's body receives it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A long run extends its hold on the job with [`extend`](JobRun::extend).
+///
+/// Two runs are equal when their fields are.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct JobRun {
     /// The job's name.
@@ -20,6 +28,42 @@ pub struct JobRun {
     pub started_at: DateTime<Utc>,
     /// The holder id of the manager that claimed it.
     pub holder_id: Option<String>,
+    /// This process's hold on the job for the run.
+    pub(super) lease: Arc<Lease>,
+}
+
+impl JobRun {
+    fn fields(&self) -> impl PartialEq + '_ {
+        (
+            &self.job,
+            self.window_start,
+            self.window_end,
+            self.run,
+            self.started_at,
+            &self.holder_id,
+        )
+    }
+}
+
+impl PartialEq for JobRun {
+    fn eq(&self, other: &Self) -> bool {
+        self.fields() == other.fields()
+    }
+}
+
+impl Eq for JobRun {}
+
+impl fmt::Debug for JobRun {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobRun")
+            .field("job", &self.job)
+            .field("window_start", &self.window_start)
+            .field("window_end", &self.window_end)
+            .field("run", &self.run)
+            .field("started_at", &self.started_at)
+            .field("holder_id", &self.holder_id)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What [`ScheduledJob::run`](super::ScheduledJob::run) did.

@@ -9,7 +9,7 @@ use sqlx::query::Query;
 use sqlx::{PgPool, Postgres, Row};
 use tokio::sync::OnceCell;
 
-use super::store::{JobRecord, JobSpec, JobState, JobStore, micros};
+use super::store::{Extension, JobRecord, JobSpec, JobState, JobStore, micros};
 use super::{Error, JobTable, Result};
 use crate::postgres::table::Unready;
 
@@ -52,6 +52,7 @@ struct Statements {
     claim: String,
     finish: String,
     abandon: String,
+    extend: String,
 }
 
 impl PostgresJobStore {
@@ -68,6 +69,7 @@ impl PostgresJobStore {
             claim: table.claim(),
             finish: table.finish(),
             abandon: table.abandon(),
+            extend: table.extend(),
         };
         PostgresJobStore {
             pool,
@@ -183,6 +185,26 @@ impl JobStore for PostgresJobStore {
             .map(drop)
     }
 
+    async fn extend(&self, spec: &JobSpec, run: i64, by: Duration) -> Result<Option<Extension>> {
+        let failed = storage(spec, "extend a run's hold");
+        let row = sqlx::query(sqlx::AssertSqlSafe(self.sql.extend.as_str()))
+            .bind(&spec.name)
+            .bind(run)
+            .bind(micros(by))
+            .bind(micros(spec.max_total_hold))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(failed)?;
+        row.map(|row| {
+            Ok(Extension {
+                hold_until: row.try_get("hold_until")?,
+                capped: row.try_get("capped")?,
+            })
+        })
+        .transpose()
+        .map_err(failed)
+    }
+
     async fn until_next_window(&self, spec: &JobSpec) -> Result<Duration> {
         let micros: i64 = sqlx::query_scalar(JobTable::until_next_window())
             .bind(micros(spec.period))
@@ -199,14 +221,17 @@ fn state(row: &PgRow) -> std::result::Result<JobState, sqlx::Error> {
     let window_start: Option<DateTime<Utc>> = row.try_get("window_start")?;
     let record = match window_start {
         None => None,
-        Some(window_start) => Some(JobRecord::new(
-            window_start,
-            row.try_get("runs")?,
-            row.try_get("claimed_by")?,
-            row.try_get("claimed_at")?,
-            row.try_get("finished_at")?,
-            row.try_get("hold_until")?,
-        )),
+        Some(window_start) => Some(
+            JobRecord::new(
+                window_start,
+                row.try_get("runs")?,
+                row.try_get("claimed_by")?,
+                row.try_get("claimed_at")?,
+                row.try_get("finished_at")?,
+                row.try_get("hold_until")?,
+            )
+            .extended(row.try_get("extensions")?, row.try_get("extended_at")?),
+        ),
     };
     Ok(JobState {
         now: row.try_get("now")?,

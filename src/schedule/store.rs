@@ -9,11 +9,13 @@
 //! both.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+use super::lease::Lease;
 use super::{JobRun, Result, Skip};
 
 /// A job's name and schedule, checked by the builder: what a store needs to know of a job.
@@ -30,8 +32,12 @@ pub struct JobSpec {
     pub skew_tolerance: Duration,
     /// How long after a run starts no other run may start.
     pub min_hold: Duration,
-    /// How long a run may hold the job.
+    /// How long a run may hold the job unless it extends its hold.
     pub max_hold: Duration,
+    /// How long a run may hold the job at most, from its claim, extensions included: the
+    /// bound on [`JobRun::extend`](super::JobRun::extend). Equal to the max hold when runs may
+    /// not extend.
+    pub max_total_hold: Duration,
 }
 
 impl JobSpec {
@@ -51,8 +57,8 @@ impl JobSpec {
         Duration::from_micros((period - since_start).unsigned_abs())
     }
 
-    /// The run a claimed `record` stands for.
-    pub(super) fn run_of(&self, record: JobRecord) -> JobRun {
+    /// The run a claimed `record` stands for, held through `lease`.
+    pub(super) fn run_of(&self, record: JobRecord, lease: Arc<Lease>) -> JobRun {
         JobRun {
             job: self.name.clone(),
             window_start: record.window_start,
@@ -60,6 +66,7 @@ impl JobSpec {
             run: record.runs,
             started_at: record.claimed_at,
             holder_id: record.claimed_by,
+            lease,
         }
     }
 }
@@ -122,6 +129,8 @@ impl JobState {
             claimed_at: self.now,
             finished_at: None,
             hold_until: self.now + chrono::Duration::microseconds(micros(spec.max_hold)),
+            extensions: 0,
+            extended_at: None,
         }
     }
 }
@@ -142,10 +151,14 @@ pub struct JobRecord {
     pub finished_at: Option<DateTime<Utc>>,
     /// No new claim before this moment.
     pub hold_until: DateTime<Utc>,
+    /// How many times the latest claim's run extended its hold.
+    pub extensions: i32,
+    /// When it last did, by the store's clock.
+    pub extended_at: Option<DateTime<Utc>>,
 }
 
 impl JobRecord {
-    /// A record as a store read it.
+    /// A record as a store read it, never extended (see [`extended`](Self::extended)).
     pub fn new(
         window_start: DateTime<Utc>,
         runs: i64,
@@ -161,6 +174,30 @@ impl JobRecord {
             claimed_at,
             finished_at,
             hold_until,
+            extensions: 0,
+            extended_at: None,
+        }
+    }
+
+    /// The record with its run's extensions, as a store read them: how many, and the last.
+    pub fn extended(mut self, extensions: i32, extended_at: Option<DateTime<Utc>>) -> Self {
+        self.extensions = extensions;
+        self.extended_at = extended_at;
+        self
+    }
+
+    /// Extends, at `now`, the hold of the run this record claims by `by`: it then holds until
+    /// `by` from now, never past its claim plus the max total hold, and never less long than
+    /// it already did. Counts the extension even when it changes nothing.
+    pub fn extend(&mut self, spec: &JobSpec, now: DateTime<Utc>, by: Duration) -> Extension {
+        let asked = now + chrono::Duration::microseconds(micros(by));
+        let limit = self.claimed_at + chrono::Duration::microseconds(micros(spec.max_total_hold));
+        self.hold_until = self.hold_until.max(asked.min(limit));
+        self.extensions = self.extensions.saturating_add(1);
+        self.extended_at = Some(now);
+        Extension {
+            hold_until: self.hold_until,
+            capped: asked > limit,
         }
     }
 
@@ -180,6 +217,18 @@ impl JobRecord {
     fn min_hold_end(&self, spec: &JobSpec) -> DateTime<Utc> {
         self.claimed_at + chrono::Duration::microseconds(micros(spec.min_hold))
     }
+}
+
+/// What extending a run's hold did ([`JobRun::extend`](super::JobRun::extend)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Extension {
+    /// The run now holds the job until this moment (the store's clock).
+    pub hold_until: DateTime<Utc>,
+    /// True when the hold stops short of what was asked, at the job's
+    /// [`max_total_hold`](super::ScheduledJobBuilder::max_total_hold): extending again gains
+    /// nothing.
+    pub capped: bool,
 }
 
 /// Where a [`ScheduledJob`](super::ScheduledJob) keeps its record: the port its stores
@@ -214,6 +263,11 @@ pub trait JobStore: Send + Sync + fmt::Debug {
     /// is that unfinished run.
     async fn abandon(&self, spec: &JobSpec, run: i64) -> Result<()>;
 
+    /// Extends the hold of run `run` by `by` ([`JobRecord::extend`]), atomically with
+    /// respect to claims, if the record still is that unfinished run; `None` otherwise (it
+    /// finished, or its claim expired and was taken over).
+    async fn extend(&self, spec: &JobSpec, run: i64, by: Duration) -> Result<Option<Extension>>;
+
     /// How long until the next window starts, by the store's clock.
     async fn until_next_window(&self, spec: &JobSpec) -> Result<Duration>;
 }
@@ -244,6 +298,7 @@ mod tests {
             skew_tolerance: Duration::from_secs(tolerance),
             min_hold: Duration::from_secs(5),
             max_hold: Duration::from_secs(50),
+            max_total_hold: Duration::from_secs(80),
         }
     }
 
@@ -258,6 +313,8 @@ mod tests {
                 claimed_at: at(window_start),
                 finished_at: finished.map(at),
                 hold_until: at(hold_until),
+                extensions: 0,
+                extended_at: None,
             }),
         }
     }
@@ -328,5 +385,23 @@ mod tests {
         );
         abandoned.abandon(&spec, at(120));
         assert_eq!(abandoned.hold_until, at(105), "never later than it was");
+    }
+
+    #[test]
+    fn extending_holds_from_now_up_to_the_limit_and_never_shortens() {
+        // Claimed at 100: max hold 50 (until 150), max total hold 80 (never past 180).
+        let spec = spec(60, 0, 0);
+        let mut record = state(100, 60, None).claimed(&spec, "w");
+        assert_eq!(record.hold_until, at(150));
+        let grown = record.extend(&spec, at(120), Duration::from_secs(40));
+        assert_eq!((grown.hold_until, grown.capped), (at(160), false));
+        assert_eq!((record.extensions, record.extended_at), (1, Some(at(120))));
+        // Less than it already holds: unchanged, not shortened.
+        let same = record.extend(&spec, at(121), Duration::from_secs(1));
+        assert_eq!((same.hold_until, same.capped), (at(160), false));
+        // Past the limit: capped at the claim plus the max total hold.
+        let capped = record.extend(&spec, at(150), Duration::from_secs(60));
+        assert_eq!((capped.hold_until, capped.capped), (at(180), true));
+        assert_eq!(record.extensions, 3);
     }
 }

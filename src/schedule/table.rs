@@ -17,6 +17,8 @@ use crate::postgres::table::OwnTable;
 /// | `claimed_at` | when the latest claim was made, by the database's clock |
 /// | `finished_at` | when its run finished, or `NULL` while it runs (or if it never finished) |
 /// | `hold_until` | no new claim before this moment |
+/// | `extensions` | how many times the latest claim's run extended its hold |
+/// | `extended_at` | when it last did, or `NULL` |
 ///
 /// Everything in it is the database's time (`now()`), never a client's. The name is quoted as
 /// an identifier, exactly as for [`FencingTable`](crate::FencingTable): case-sensitive, any
@@ -76,7 +78,8 @@ impl JobTable {
             "CREATE TABLE IF NOT EXISTS {} (job text PRIMARY KEY, \
              window_start timestamptz NOT NULL, runs bigint NOT NULL, claimed_by text, \
              claimed_at timestamptz NOT NULL, finished_at timestamptz, \
-             hold_until timestamptz NOT NULL)",
+             hold_until timestamptz NOT NULL, extensions integer NOT NULL DEFAULT 0, \
+             extended_at timestamptz)",
             self.table.quoted()
         )
     }
@@ -85,9 +88,7 @@ impl JobTable {
     /// `$2` period, `$3` offset, `$4` skew tolerance (microseconds).
     pub(super) fn state(&self) -> String {
         format!(
-            "WITH {CLOCK} SELECT {CURRENT}, j.window_start, j.runs, j.claimed_by, \
-             j.claimed_at, j.finished_at, j.hold_until \
-             FROM clock LEFT JOIN {t} j ON j.job = $1",
+            "WITH {CLOCK} SELECT {CURRENT}, {RECORD} FROM clock LEFT JOIN {t} j ON j.job = $1",
             t = self.table.quoted()
         )
     }
@@ -101,20 +102,18 @@ impl JobTable {
         format!(
             "WITH {CLOCK}, claimed AS ( \
                INSERT INTO {t} AS j (job, window_start, runs, claimed_by, claimed_at, \
-                                     finished_at, hold_until) \
+                                     finished_at, hold_until, extensions, extended_at) \
                SELECT $1, clock.window_start, 1, $6, clock.now, NULL, \
-                      clock.now + $5::int8 * interval '1 microsecond' FROM clock \
+                      clock.now + $5::int8 * interval '1 microsecond', 0, NULL FROM clock \
                ON CONFLICT (job) DO UPDATE SET window_start = EXCLUDED.window_start, \
                  runs = j.runs + 1, claimed_by = EXCLUDED.claimed_by, \
                  claimed_at = EXCLUDED.claimed_at, finished_at = NULL, \
-                 hold_until = EXCLUDED.hold_until \
+                 hold_until = EXCLUDED.hold_until, extensions = 0, extended_at = NULL \
                WHERE {CLAIMABLE} \
-               RETURNING j.window_start, j.runs, j.claimed_by, j.claimed_at, j.finished_at, \
-                         j.hold_until) \
-             SELECT true AS claimed, {CURRENT}, c.* FROM claimed c, clock \
+               RETURNING {RECORD}) \
+             SELECT true AS claimed, {CURRENT}, j.* FROM claimed j, clock \
              UNION ALL \
-             SELECT false, {CURRENT}, j.window_start, j.runs, j.claimed_by, j.claimed_at, \
-                    j.finished_at, j.hold_until \
+             SELECT false, {CURRENT}, {RECORD} \
              FROM {t} j, clock WHERE j.job = $1 AND NOT EXISTS (SELECT FROM claimed)",
             t = self.table.quoted()
         )
@@ -142,6 +141,23 @@ impl JobTable {
         )
     }
 
+    /// Extends the hold of run `$2` of job `$1` by `$3` from now, never past its claim plus
+    /// `$4` (the max total hold), never shortening it (microseconds): the rule of
+    /// [`JobRecord::extend`](super::JobRecord::extend). No row when the record is no longer
+    /// that unfinished run.
+    pub(super) fn extend(&self) -> String {
+        format!(
+            "UPDATE {} SET hold_until = greatest(hold_until, \
+               least(now() + $3::int8 * interval '1 microsecond', \
+                     claimed_at + $4::int8 * interval '1 microsecond')), \
+               extensions = extensions + 1, extended_at = now() \
+             WHERE job = $1 AND runs = $2 AND finished_at IS NULL \
+             RETURNING hold_until, now() + $3::int8 * interval '1 microsecond' \
+               > claimed_at + $4::int8 * interval '1 microsecond' AS capped",
+            self.table.quoted()
+        )
+    }
+
     /// The time from the database's `now()` to the start of the next window, in microseconds.
     /// Parameters: `$1` period, `$2` offset (microseconds).
     pub(super) fn until_next_window() -> &'static str {
@@ -156,6 +172,10 @@ impl JobTable {
 const CLOCK: &str = "clock AS (SELECT now() AS now, \
     'epoch'::timestamptz + (floor((extract(epoch FROM now()) * 1000000 - $3 + $4) / $2) \
     * $2 + $3)::float8 * interval '1 microsecond' AS window_start)";
+
+/// A record's columns, as every statement returns them.
+const RECORD: &str = "j.window_start, j.runs, j.claimed_by, j.claimed_at, j.finished_at, \
+    j.hold_until, j.extensions, j.extended_at";
 
 /// The current clock's columns, as every statement returns them.
 const CURRENT: &str = "clock.now AS now, clock.window_start AS current_window";
