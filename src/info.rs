@@ -1,6 +1,7 @@
-//! What a successful acquisition hands back.
+//! What a successful acquisition hands back, and what a manager says it holds.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
@@ -93,5 +94,43 @@ impl LockInfo {
             fencing_token: None,
             mode,
         }
+    }
+}
+
+/// One lock a manager holds right now, as [`LockManager::held_locks`](crate::LockManager::held_locks)
+/// lists it: the acquisition and how long it has been held.
+///
+/// `#[non_exhaustive]`: implementors of [`LockManager`](crate::LockManager) build one with
+/// [`HeldLock::new`].
+///
+/// ```
+/// use pglock::{InMemoryLockManager, LockManager, LockManagerExt};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
+/// let locks = InMemoryLockManager::new();
+/// let guard = locks.acquire("rebuild:orders", None).await?;
+/// let held = locks.held_locks().await;
+/// assert_eq!(held.len(), 1);
+/// assert_eq!(&held[0].info, guard.info());
+/// println!("{} held for {:?}", held[0].info.key, held[0].held_for);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HeldLock {
+    /// The acquisition, exactly as its guard describes it ([`LockGuard::info`](crate::LockGuard::info)):
+    /// key, lock id, mode, `acquired_at`, holder id, fencing token.
+    pub info: LockInfo,
+    /// How long this acquisition has held the lock, up to the listing, measured on a monotonic
+    /// clock (so a change of the wall clock does not skew it, and tokio's paused test clock
+    /// drives it). A key handed from one caller of the manager to the next counts from the
+    /// handover: that is a new acquisition.
+    pub held_for: Duration,
+}
+
+impl HeldLock {
+    /// The acquisition `info`, held for `held_for` so far.
+    pub fn new(info: LockInfo, held_for: Duration) -> Self {
+        HeldLock { info, held_for }
     }
 }

@@ -15,6 +15,7 @@
 //! | [`LockGuard`] | Proof that a lock is held, handed back by every acquisition: [`run`](LockGuard::run) a critical section under it, [`release`](LockGuard::release) it, drop it, or [`leak`](LockGuard::leak) it into the manager; its [`loss_signal`](LockGuard::loss_signal) says when the lock goes. |
 //! | [`LockKey`], [`lock_id`] | Keys: names (the frozen derivation, bit for bit the Python original's), raw ids, id pairs, sqlx's names. |
 //! | [`LockInfo`], [`LockMode`] | What was acquired: key, lock id, time, holder id, fencing token, mode. |
+//! | [`HeldLock`] | A lock a manager holds right now, with how long it has held it: what [`held_locks`](LockManager::held_locks) lists. |
 //! | [`LossSignal`], [`LossCause`] | How a holder learns that its lock went, and why. |
 //! | [`Error`], [`Result`] | Lock failures, and only those; each recipe below has an error of its own that wraps it. |
 //! | [`TransactionLock`] | An advisory lock inside your own sqlx transaction, released when it ends; the one that works through PgBouncer in transaction pooling mode. |
@@ -130,7 +131,7 @@ pub use crate::error::{Error, InvalidIdentifier, ReleaseFailure, Result};
 pub use crate::ext::LockManagerExt;
 pub use crate::fence::RowFence;
 pub use crate::guard::{GuardBackend, LockGuard};
-pub use crate::info::{LockInfo, LockMode};
+pub use crate::info::{HeldLock, LockInfo, LockMode};
 pub use crate::key::{LockKey, LockTarget, lock_id, migration_lock_key, split_lock_id};
 pub use crate::leader::{LeaderElection, Leadership};
 pub use crate::loss::{LossCause, LossSignal};

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::{LockGuard, LockKey, LockMode, Result};
+use crate::{HeldLock, LockGuard, LockKey, LockMode, Result};
 
 /// A named mutual-exclusion lock service: the port every lock manager implements.
 ///
@@ -17,8 +17,8 @@ use crate::{LockGuard, LockKey, LockMode, Result};
 /// [`with_lock`](crate::LockManagerExt::with_lock) and the shared-mode variants, taking any kind
 /// of key. They are written once, on top of the few methods below, so every manager behaves
 /// the same for callers; [`release_all`](LockManager::release_all),
-/// [`held_lock_count`](LockManager::held_lock_count) and
-/// [`holder_id`](LockManager::holder_id) are called directly.
+/// [`held_locks`](LockManager::held_locks), [`held_lock_count`](LockManager::held_lock_count)
+/// and [`holder_id`](LockManager::holder_id) are called directly.
 ///
 /// The crate ships two implementations, [`PostgresLockManager`](crate::PostgresLockManager) and
 /// [`InMemoryLockManager`](crate::InMemoryLockManager). The `pglock-testing` crate's conformance
@@ -143,6 +143,51 @@ pub trait LockManager: Send + Sync + fmt::Debug {
     /// # Ok(()) }
     /// ```
     async fn release_all(&self) -> Result<usize>;
+
+    /// The locks this manager holds right now, each with how long it has held it, oldest
+    /// acquisition first.
+    ///
+    /// What implementors must return, as one snapshot of the registry:
+    ///
+    /// * **Exactly the acquisitions granted and held right now**, one per key (a manager holds
+    ///   a key at most once), leaked ones included: the same set as
+    ///   [`holds`](LockManager::holds) answers for, as many as
+    ///   [`held_lock_count`](LockManager::held_lock_count) counts. Never an acquisition still
+    ///   waiting, in this manager's queue or the backend's; never one being let go: once
+    ///   [`unlock`](LockManager::unlock), [`release_all`](LockManager::release_all), a guard's
+    ///   release, or a dropped guard (once the manager has processed the drop) took it out of
+    ///   the registry, it is gone from the listing, even while the backend still confirms the
+    ///   release. A lock declared lost is gone too.
+    /// * **Each acquisition's own [`LockInfo`](crate::LockInfo)**, equal to its guard's
+    ///   ([`LockGuard::info`]): key, lock id, mode, `acquired_at`, holder id, fencing token.
+    /// * **`held_for`** from the grant of that acquisition to the listing, on a monotonic
+    ///   clock: it never goes back, and grows by the time between two listings. A key handed
+    ///   from one caller of this manager to the next (without going back to the backend) is a
+    ///   new acquisition: new info, and `held_for` from the handover.
+    /// * **Ordered by acquisition**, the longest held first: `held_for` never increases along
+    ///   the list.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use pglock::{InMemoryLockManager, LockManager, LockManagerExt, LockMode};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
+    /// let locks = InMemoryLockManager::new();
+    /// let _report = locks.acquire("report:daily", None).await?;
+    /// let _rates = locks.acquire_shared("exchange-rates", None).await?;
+    /// for held in locks.held_locks().await {
+    ///     println!("{} ({}) for {:?}", held.info.key, held.info.mode, held.held_for);
+    /// }
+    /// let modes: Vec<LockMode> = locks.held_locks().await.iter().map(|h| h.info.mode).collect();
+    /// assert_eq!(modes, [LockMode::Exclusive, LockMode::Shared]);
+    /// # Ok(()) }
+    /// ```
+    async fn held_locks(&self) -> Vec<HeldLock>;
 
     /// The number of locks this manager holds right now.
     fn held_lock_count(&self) -> usize;

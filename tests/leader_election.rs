@@ -455,6 +455,10 @@ impl LockManager for Scripted {
         self.inner.holds(key).await
     }
 
+    async fn held_locks(&self) -> Vec<pglock::HeldLock> {
+        self.inner.held_locks().await
+    }
+
     fn held_lock_count(&self) -> usize {
         self.inner.held_lock_count()
     }

@@ -4,7 +4,8 @@
 //! Each test makes a database of its own (so `public` is as a fresh database has it) and a
 //! role with no privilege beyond connecting; the tables pglock uses are made by an admin with
 //! the documented DDL and grants, as a user's migrations would. A missing privilege is a typed
-//! error naming the object and the privilege, never a connection error.
+//! error naming the object and the privilege, never a connection error; an inspection that
+//! may not read the fencing table reports lower bounds instead.
 
 mod common;
 
@@ -163,5 +164,50 @@ async fn scheduled_jobs_run_as_a_role_that_owns_nothing_once_the_table_is_made_a
         other => panic!("expected a run, got {other:?}"),
     }
     locks.pool().close().await;
+    sandbox.remove().await;
+}
+
+#[tokio::test]
+async fn inspection_falls_back_to_lower_bounds_on_a_fencing_table_the_role_may_not_read() {
+    use pglock::inspect::{Age, Inspector};
+    let sandbox = Sandbox::new("inspect").await;
+    sandbox.admin("CREATE SCHEMA locks").await;
+    // Sees other roles' session states (so holders have ages), and nothing else.
+    sandbox
+        .admin(&format!("GRANT pg_read_all_stats TO {}", sandbox.role))
+        .await;
+    let options = (*sandbox.admin.connect_options()).clone();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(options)
+        .await
+        .expect("connect as admin");
+    let table = FencingTable::new("locks.tokens").expect("a valid name");
+    let locks = PostgresLockManager::builder(pool.clone())
+        .fencing(table.clone())
+        .build();
+    let guard = locks
+        .acquire("roles:inspected", Some(BOUND))
+        .await
+        .expect("held");
+    let inspector = Inspector::new(sandbox.role_pool().await).fencing_table(table);
+    let age = || async {
+        let report = inspector.key("roles:inspected").await.expect("no failure");
+        report.holders[0].age
+    };
+
+    // No USAGE on the schema (where even looking the table up fails), then no SELECT.
+    assert_eq!(age().await, Some(Age::AtLeast));
+    sandbox
+        .admin(&format!("GRANT USAGE ON SCHEMA locks TO {}", sandbox.role))
+        .await;
+    assert_eq!(age().await, Some(Age::AtLeast));
+    sandbox
+        .admin(&format!("GRANT SELECT ON locks.tokens TO {}", sandbox.role))
+        .await;
+    assert_eq!(age().await, Some(Age::Exact), "readable: the grant time");
+
+    guard.release().await.expect("release");
+    pool.close().await;
     sandbox.remove().await;
 }

@@ -5,7 +5,7 @@ use std::io::{IsTerminal, Write as _};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use pglock::inspect::{Inspector, LockReport, Session};
+use pglock::inspect::{Age, Inspector, LockReport, Session};
 use serde_json::{Value, json};
 
 use crate::text::{glob_match, human};
@@ -93,7 +93,9 @@ pub(crate) fn select(reports: Vec<LockReport>, filters: &Filters, one: bool) -> 
 }
 
 impl Filters {
-    /// Whether `session` passes every filter given.
+    /// Whether `session` passes every filter given. `--older-than` compares the age shown,
+    /// which for [`Age::AtLeast`] is a lower bound: it may leave out a session that held
+    /// longer, never admit one that held less.
     pub(crate) fn admit(&self, session: &Session) -> bool {
         let old_enough = self.older_than.is_none_or(|at_least| {
             session
@@ -145,6 +147,7 @@ fn session_json(session: &Session) -> Value {
         "state": session.state,
         "since": session.since.map(|at| at.to_rfc3339()),
         "held_or_waited_for_secs": session.held_or_waited_for.map(|d| d.as_secs_f64()),
+        "age": session.age.map(Age::as_str),
     })
 }
 
@@ -236,13 +239,26 @@ pub(crate) fn row(role: String, session: &Session) -> [String; 9] {
         role,
         or_dash(session.pid.map(|pid| pid.to_string())),
         session.mode.as_str().to_owned(),
-        or_dash(session.held_or_waited_for.map(human)),
+        or_dash(
+            session
+                .held_or_waited_for
+                .map(|age| for_how_long(age, session.age)),
+        ),
         or_dash(session.holder_id.clone()),
         or_dash(session.application_name.clone()),
         or_dash(client),
         or_dash(session.state.clone()),
         or_dash(session.backend_start.map(timestamp)),
     ]
+}
+
+/// A duration as the FOR column shows it: `>=` before a lower bound. (ASCII, like the rest of
+/// the table, so it survives any terminal, `grep` and `cut`.)
+pub(crate) fn for_how_long(duration: Duration, age: Option<Age>) -> String {
+    match age {
+        Some(Age::AtLeast) => format!(">={}", human(duration)),
+        _ => human(duration),
+    }
 }
 
 fn timestamp(at: DateTime<Utc>) -> String {

@@ -3,9 +3,9 @@
 //!
 //! ```text
 //! pglock id <KEY> [--json]
-//! pglock holders [KEY | --id LOCK_ID] [--older-than DURATION] [--holder PATTERN] [--watch[=INTERVAL]] [--json]
+//! pglock holders [KEY | --id LOCK_ID] [--older-than DURATION] [--holder PATTERN] [--fencing-table NAME] [--watch[=INTERVAL]] [--json]
 //! pglock run <KEY> [--timeout DURATION | --no-wait] [--shared] -- <COMMAND> [ARGS]...
-//! pglock terminate <KEY | --id LOCK_ID> [--pid PID] [--holder PATTERN] [--older-than DURATION] [--yes]
+//! pglock terminate <KEY | --id LOCK_ID> [--pid PID] [--holder PATTERN] [--older-than DURATION] [--fencing-table NAME] [--yes]
 //! ```
 //!
 //! Every command that needs a database takes `--database-url`, or `DATABASE_URL`. The exit
@@ -22,6 +22,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use pglock::FencingTable;
 use pglock::inspect::{DEFAULT_APPLICATION_NAME_PREFIX, Inspector, LockReport};
 use serde_json::json;
 use sqlx::PgPool;
@@ -80,9 +81,11 @@ enum Command {
     ///
     /// Lists every single-bigint advisory lock of the database (or only KEY's), its holders
     /// and, under them, its waiters in the server's queue order. "for" is how long a waiter
-    /// has waited (exact), or how long a holder has been idle since its last statement (a
-    /// lower bound on the hold, exact for pglock's own sessions); "-" when unknown. Exits 0
-    /// when a listed lock is held, 3 when none is.
+    /// has waited, or a holder has held the lock: exact for an exclusive holder fenced with
+    /// --fencing-table (the grant time its manager wrote there); otherwise how long the holder
+    /// has been idle since its last statement, a lower bound shown as ">=5.0s" (a pglock lock
+    /// session runs a statement for every lock it takes and releases); "-" when unknown. Exits
+    /// 0 when a listed lock is held, 3 when none is.
     #[command(after_help = EXIT_STATUS)]
     Holders(HoldersCommand),
     /// Run COMMAND while holding the lock on KEY, like flock(1).
@@ -157,12 +160,19 @@ struct LockArgs {
     /// The application_name prefix of pglock sessions, followed by their holder id.
     #[arg(long, value_name = "PREFIX", default_value = DEFAULT_APPLICATION_NAME_PREFIX)]
     prefix: String,
+    /// The fencing table of the managers holding the locks (table or schema.table): the grant
+    /// times of exclusive holders are read from it, for exact ages. When it is missing or not
+    /// readable, ages are lower bounds (">=").
+    #[arg(long, value_name = "NAME", default_value = FencingTable::DEFAULT_NAME, value_parser = parse_fencing_table)]
+    fencing_table: FencingTable,
 }
 
 /// Which sessions to keep.
 #[derive(Debug, Clone, Args)]
 struct Filters {
-    /// Only sessions that have held (or waited) for at least DURATION: 30s, 5m, 2h, 1d.
+    /// Only sessions that have held (or waited) for at least DURATION: 30s, 5m, 2h, 1d. Where
+    /// the age is a lower bound (">="), the bound is compared: a session that held longer than
+    /// its bound shows may be left out, one that held less never passes.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     older_than: Option<Duration>,
     /// Only sessions whose holder id (or, without one, application name) matches PATTERN;
@@ -213,7 +223,12 @@ impl LockArgs {
         Inspector::new(pool)
             .known_keys(self.key.iter().chain(&self.known_keys).cloned())
             .application_name_prefix(Some(&self.prefix))
+            .fencing_table(self.fencing_table.clone())
     }
+}
+
+fn parse_fencing_table(name: &str) -> Result<FencingTable, String> {
+    FencingTable::new(name).map_err(|err| err.to_string())
 }
 
 /// An exit code and what to tell the user.

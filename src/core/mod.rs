@@ -5,7 +5,7 @@
 //! | file | what it holds |
 //! | --- | --- |
 //! | `mod.rs` | the backend interface, the acquisition paths |
-//! | `registry.rs` | held locks: register, release, release all, declare lost |
+//! | `registry.rs` | held locks: register, list, release, release all, declare lost |
 //! | `guard.rs` | a guard's handle on its registry entry |
 //! | `turn.rs` | the per-key FIFO queue of one manager's tasks, and the in-process handoff |
 //! | `slots.rs` | the table of per-key queues, which forgets keys nobody waits for |
@@ -324,7 +324,7 @@ impl<B: Backend> Core<B> {
         permit: TurnPermit<B::Session>,
     ) -> LockGuard {
         let info = self.info(request).with_fencing_token(granted.token);
-        let (generation, signal) = self.register(request, granted, permit).await;
+        let (generation, signal) = self.register(request, granted, permit, info.clone()).await;
         let guard = CoreGuard {
             core: Arc::clone(self),
             key: request.key.clone(),
@@ -452,6 +452,10 @@ macro_rules! delegate_lock_manager {
 
             async fn release_all(&self) -> $crate::Result<usize> {
                 self.core.release_all().await
+            }
+
+            async fn held_locks(&self) -> Vec<$crate::HeldLock> {
+                self.core.held_locks().await
             }
 
             fn held_lock_count(&self) -> usize {

@@ -12,7 +12,9 @@ use super::spans::{self, Outcome};
 use super::turn::{Handoff, Turn, TurnPermit};
 use super::{Backend, Core, Request, Slot, Slots, Stage};
 use crate::telemetry::{self, outcome, via};
-use crate::{Error, LockKey, LockMode, LockTarget, LossCause, LossSignal, Result};
+use crate::{
+    Error, HeldLock, LockInfo, LockKey, LockMode, LockTarget, LossCause, LossSignal, Result,
+};
 
 pub(super) struct State<S: Send + 'static> {
     pub(super) held: HashMap<LockKey, Held<S>>,
@@ -25,7 +27,11 @@ pub(super) struct Held<S: Send + 'static> {
     pub(super) target: LockTarget,
     pub(super) mode: LockMode,
     pub(super) signal: LossSignal,
+    /// When this acquisition was registered, right after its `info` was stamped: the grant to
+    /// its caller on the monotonic clock, from which `held_locks` counts (after a handoff too).
     pub(super) registered_at: Instant,
+    /// The acquisition as its guard describes it, for `held_locks`.
+    pub(super) info: LockInfo,
     /// When the server granted the lock this session holds (earlier than `registered_at` after
     /// a handoff) and how many handoffs it has been through.
     pub(super) since: Instant,
@@ -86,6 +92,7 @@ impl<B: Backend> Core<B> {
         request: &Request<'_>,
         granted: Granted<B::Session>,
         turn: TurnPermit<B::Session>,
+        info: LockInfo,
     ) -> (u64, LossSignal) {
         let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
         let signal = LossSignal::new();
@@ -95,6 +102,7 @@ impl<B: Backend> Core<B> {
             mode: request.mode,
             signal: signal.clone(),
             registered_at: Instant::now(),
+            info,
             since: granted.since,
             handoffs: granted.handoffs,
             session: granted.session,
@@ -127,6 +135,25 @@ impl<B: Backend> Core<B> {
                 registered_at: held.registered_at,
             })
             .collect()
+    }
+
+    /// The port's `held_locks`: every registered acquisition, the longest held first, each aged
+    /// against one reading of the clock.
+    pub(crate) async fn held_locks(&self) -> Vec<HeldLock> {
+        let state = self.state.lock().await;
+        let now = Instant::now();
+        let mut held: Vec<(Instant, u64, HeldLock)> = state
+            .held
+            .values()
+            .map(|held| {
+                let held_for = now.saturating_duration_since(held.registered_at);
+                let listed = HeldLock::new(held.info.clone(), held_for);
+                (held.registered_at, held.generation, listed)
+            })
+            .collect();
+        drop(state);
+        held.sort_unstable_by_key(|(at, generation, _)| (*at, *generation));
+        held.into_iter().map(|(_, _, listed)| listed).collect()
     }
 
     /// Declares whatever acquisition of `key` is registered lost (see `declare_lost`).

@@ -37,6 +37,14 @@ use crate::error::InvalidIdentifier;
 ///   upgrade keeps them increasing; expect a jump to about 2^40 at the first acquisition after
 ///   upgrading.
 ///
+/// # `updated_at`: when the latest acquisition was granted
+///
+/// Each mint also sets the row's `updated_at` to the time of the grant by the server's clock
+/// (read right after the lock function returned, in the same statement or message), including
+/// the mint of an in-process handoff, which is a new acquisition.
+/// [`Inspector::fencing_table`](crate::inspect::Inspector::fencing_table) reads it to report
+/// the true age of an exclusive holder's lock, where `pg_locks` has none.
+///
 /// Limits: the timeline is only as good as the cluster's history. Two servers promoted from
 /// the same timeline (two standbys, or a split brain) can mint equal tokens; a copy of the
 /// table moved into a new cluster (dump and restore) repeats unreplicated tokens at its first
@@ -116,7 +124,8 @@ impl FencingTable {
     /// literal `id`.
     pub(crate) fn mint(&self, id: &str) -> String {
         format!(
-            "INSERT INTO {t} AS f (lock_id, token) SELECT {id}, {EPOCH} + 1 WHERE {DURABLE} {NEXT}",
+            "INSERT INTO {t} AS f (lock_id, token, updated_at) \
+             SELECT {id}, {EPOCH} + 1, {GRANTED_AT} WHERE {DURABLE} {NEXT}",
             t = self.table.quoted()
         )
     }
@@ -125,7 +134,8 @@ impl FencingTable {
     /// `source` whose `granted` is true.
     pub(crate) fn mint_if_granted(&self, source: &str, id: &str) -> String {
         format!(
-            "INSERT INTO {t} AS f (lock_id, token) SELECT {id}, {EPOCH} + 1 FROM {source} \
+            "INSERT INTO {t} AS f (lock_id, token, updated_at) \
+             SELECT {id}, {EPOCH} + 1, {GRANTED_AT} FROM {source} \
              WHERE {source}.granted AND {DURABLE} {NEXT}",
             t = self.table.quoted()
         )
@@ -151,7 +161,14 @@ const EPOCH: &str =
 const DURABLE: &str = "set_config('synchronous_commit', 'local', true) IS NOT NULL";
 /// The next token: one above the last, and never below the epoch's first.
 const NEXT: &str = "ON CONFLICT (lock_id) DO UPDATE \
-     SET token = GREATEST(f.token + 1, EXCLUDED.token), updated_at = now() RETURNING f.token";
+     SET token = GREATEST(f.token + 1, EXCLUDED.token), updated_at = EXCLUDED.updated_at \
+     RETURNING f.token";
+/// The row's `updated_at`: the grant, by the server's clock, which `pglock::inspect` reads as
+/// an exclusive holder's true grant time. Read as the row is written, after the lock function
+/// returned (earlier in the statement, or in an earlier statement of the same message), so it
+/// is never before the grant. Not `now()`: that is the transaction's start, which for a wait
+/// message (one implicit transaction) is the start of the wait.
+const GRANTED_AT: &str = "clock_timestamp()";
 
 impl Default for FencingTable {
     fn default() -> Self {

@@ -48,6 +48,11 @@ impl OwnTable {
         &self.quoted
     }
 
+    /// The schema as given, unquoted, if the name has one.
+    pub(crate) fn schema(&self) -> Option<&str> {
+        self.schema.as_deref()
+    }
+
     /// Makes sure the role can use the table: checks that it exists and that the role may
     /// read (`RETURNING` included), insert and update its rows, and creates it with `ddl` when it is missing and the role may
     /// create tables in its schema (one transaction, serialised with other creators by the

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests, one file per concern.
 #![allow(dead_code, unused_imports)]
 
+mod ages;
 pub mod child;
 mod db;
 mod held;
@@ -14,6 +15,7 @@ pub mod stages;
 mod views;
 mod wait;
 
+pub use ages::*;
 pub use db::*;
 pub use held::*;
 pub use views::*;

@@ -74,6 +74,10 @@ impl LockManager for Fenced {
         self.inner.release_all().await
     }
 
+    async fn held_locks(&self) -> Vec<pglock::HeldLock> {
+        self.inner.held_locks().await
+    }
+
     fn held_lock_count(&self) -> usize {
         self.inner.held_lock_count()
     }

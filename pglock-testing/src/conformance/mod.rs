@@ -15,9 +15,10 @@
 //!
 //! The first nine cases (`python.rs`) are those of the Python original's conformance suite;
 //! the rest pin the properties pglock adds, one file per theme (`guards.rs`, `turns.rs`,
-//! `kinds.rs`, `semaphores.rs`): guards that release only their own acquisition and are told when
-//! their lock is taken away, cancellation, deadlines, callers of one manager taking turns
-//! (sibling futures of one task included), nested critical sections refused at once, and
+//! `kinds.rs`, `listing.rs`, `semaphores.rs`): guards that release only their own acquisition
+//! and are told when their lock is taken away, cancellation, deadlines, callers of one manager
+//! taking turns (sibling futures of one task included), nested critical sections refused at
+//! once, the listing of held locks with their ages, and
 //! [`Semaphore`](pglock::semaphore::Semaphore)s built on the manager.
 
 use std::future::Future;
@@ -29,12 +30,14 @@ use pglock::{LockGuard, LockManager, LockManagerExt, LockMode};
 
 mod guards;
 mod kinds;
+mod listing;
 mod python;
 mod semaphores;
 mod turns;
 
 pub use guards::*;
 pub use kinds::*;
+pub use listing::*;
 pub use python::*;
 pub use semaphores::*;
 pub use turns::*;
@@ -97,6 +100,10 @@ cases!(
     try_acquire_hands_out_a_guard,
     keys_of_every_kind_are_locks_of_their_own,
     conveniences_release_on_every_path,
+    the_listing_has_exactly_the_held_keys,
+    held_for_grows_with_the_hold,
+    released_keys_leave_the_listing,
+    a_dropped_or_handed_over_key_is_a_new_acquisition,
     a_semaphore_hands_out_at_most_its_permits,
     a_semaphore_waiter_takes_the_next_permit_given_back,
     a_semaphore_acquire_gives_up_at_its_deadline,
@@ -145,6 +152,10 @@ macro_rules! conformance_tests {
             try_acquire_hands_out_a_guard,
             keys_of_every_kind_are_locks_of_their_own,
             conveniences_release_on_every_path,
+            the_listing_has_exactly_the_held_keys,
+            held_for_grows_with_the_hold,
+            released_keys_leave_the_listing,
+            a_dropped_or_handed_over_key_is_a_new_acquisition,
             a_semaphore_hands_out_at_most_its_permits,
             a_semaphore_waiter_takes_the_next_permit_given_back,
             a_semaphore_acquire_gives_up_at_its_deadline,

@@ -2,19 +2,24 @@
 //!
 //! An [`Inspector`] answers "who holds this lock, since when, and who is queued behind it?"
 //! for one key or for every advisory lock of the database, with one query joining `pg_locks`
-//! and `pg_stat_activity`. It needs no lock manager: any pool on the database will do, so an
+//! and `pg_stat_activity` (and, given the managers' fencing table, a second one for exact
+//! ages). It needs no lock manager: any pool on the database will do, so an
 //! operator tool or an admin endpoint can run it next to (or far from) the services that hold
 //! the locks. The `pglock holders` command (crate `pglock-cli`) prints the same reports.
 //!
 //! ```no_run
-//! use pglock::inspect::Inspector;
+//! use pglock::FencingTable;
+//! use pglock::inspect::{Age, Inspector};
 //!
 //! # async fn run(pool: sqlx::PgPool) -> pglock::inspect::Result<()> {
-//! let inspector = Inspector::new(pool).known_keys(["leader:orders", "rebuild:orders"]);
+//! let inspector = Inspector::new(pool)
+//!     .known_keys(["leader:orders", "rebuild:orders"])
+//!     .fencing_table(FencingTable::default());
 //! for lock in inspector.all().await? {
 //!     let name = lock.key.as_deref().unwrap_or("(unknown key)");
 //!     for holder in &lock.holders {
-//!         println!("{name} held by pid {:?} ({:?}) for {:?}",
+//!         let at_least = if holder.age == Some(Age::AtLeast) { "at least " } else { "" };
+//!         println!("{name} held by pid {:?} ({:?}) for {at_least}{:?}",
 //!             holder.pid, holder.holder_id, holder.held_or_waited_for);
 //!     }
 //!     for (place, waiter) in lock.waiters.iter().enumerate() {
@@ -60,24 +65,64 @@
 //! Each [`Session`] carries [`since`](Session::since) and
 //! [`held_or_waited_for`](Session::held_or_waited_for) (the time from `since` to the start of
 //! the inspection's statement, both read from the server's clock, so client clock skew plays
-//! no part):
+//! no part), and its [`age`](Session::age) says how to read them: [`Age::Exact`], or
+//! [`Age::AtLeast`], a lower bound on the hold.
 //!
 //! * **A waiter** counts from `pg_locks.waitstart`, when its backend began to wait for the
 //!   lock: exact. Waiters are listed in that order, which is the order of the server's queue
 //!   (PostgreSQL grants advisory locks first come, first served). `waitstart` exists from
 //!   PostgreSQL 14 on, and is briefly `NULL` right after a wait begins; without it `since` is
 //!   `None`, and such waiters are ordered by the start of their statement after the others.
-//! * **A holder** has no grant time: `pg_locks` does not record one. The inspector uses
-//!   `pg_stat_activity.state_change` of a holder that is `idle` (or `idle in transaction`): the
-//!   moment its last statement finished. The lock was granted by that statement or an earlier
-//!   one, so this is a **lower bound** on how long the lock has been held. For a lock that
-//!   pglock waited for (held on a session of its own) it is the grant itself, to within the
-//!   lock statement's completion, except after the token-minting statement of an in-process
-//!   handoff when fencing is on, from which the count restarts. A pglock lock session carries
-//!   many locks and runs a statement for each acquisition and release, so for its locks the
-//!   bound is the end of the session's latest statement, which may be much later than the
-//!   grant. A holder that is running a statement (`active`) may have been granted the lock by
-//!   that very statement, so no bound is known: `since` is `None`.
+//! * **An exclusive holder fenced with the inspector's
+//!   [`fencing_table`](Inspector::fencing_table)** counts from its grant: the table's
+//!   `updated_at` for the lock, which the statement that granted the lock wrote by the
+//!   server's clock as it minted the token (so exact to within that statement, for a
+//!   waited-for lock too; after an in-process handoff, from the handoff, which is a new
+//!   acquisition). See [below](#grant-times-from-the-fencing-table) for when it is used.
+//! * **Any other holder** has no grant time: `pg_locks` does not record one. The inspector
+//!   uses `pg_stat_activity.state_change` of a holder that is `idle` (or `idle in
+//!   transaction`): the moment its last statement finished. The lock was granted by that
+//!   statement or an earlier one, so this is a **lower bound** ([`Age::AtLeast`]). For a lock
+//!   that pglock waited for (held on a session of its own) it is the grant itself, to within
+//!   the lock statement's completion. A pglock lock session carries many locks and runs a
+//!   statement for each acquisition and release, so for its locks the bound is the end of the
+//!   session's latest statement, which may be much later than the grant. A holder that is
+//!   running a statement (`active`) may have been granted the lock by that very statement, so
+//!   no bound is known: `since` and `age` are `None`.
+//!
+//! # Grant times from the fencing table
+//!
+//! A [`PostgresLockManager`](crate::PostgresLockManager) built with a
+//! [`FencingTable`] mints each acquisition's token in the very statement that takes the lock
+//! (or, after an in-process handoff, the statement that hands it over) and stamps the row's
+//! `updated_at` with the time of the grant. With
+//! [`fencing_table`](Inspector::fencing_table), the inspector reads those times, in a second
+//! query, and takes one as a holder's grant when all of these hold:
+//!
+//! * the holder holds the lock **exclusively**. Sharers keep their lower bound: the row holds
+//!   only the latest of their grants, and nothing tells whose it is;
+//! * the holder is **`idle`**, so its latest statement has committed and a token it minted is
+//!   visible (a holder running a statement may be minting right now, while the row still
+//!   shows the previous holder's time);
+//! * the time is **consistent with the holder's session**: not before its `backend_start`,
+//!   and not after its latest statement ended (`state_change`). A grant this session made
+//!   always is; a later mint (a newer acquisition by a handoff) is not, and then the lower
+//!   bound stays.
+//!
+//! If the table is missing, or the inspecting role may not read it, every holder keeps its
+//! lower bound; nothing fails.
+//!
+//! **The corner left.** The row says when the latest *fenced* acquisition of the lock id was
+//! granted, not by whom. A holder that does not mint in this table (a manager without
+//! fencing or with another table, the Python original, `psql`, a [`LockKey::pair`] whose
+//! packed id is the same number) holding a lock whose row an earlier, fenced holder wrote
+//! passes the check when its session was already connected at that earlier grant (a
+//! long-lived lock session, typically), and its age is then reported as exact but counts from
+//! the earlier grant: too long, by at most the time between the two grants, and never longer
+//! than its session has existed. The check rules out every session that connected after the
+//! earlier grant. Fence every manager that takes a key with the same table, and the corner
+//! is closed: a fenced acquisition always rewrites the row (a rollout that mixes fenced and
+//! unfenced managers on one key reopens it).
 //!
 //! # Privileges
 //!
@@ -96,7 +141,11 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
 
-use crate::{LockMode, lock_id, split_lock_id};
+#[cfg(doc)]
+use crate::LockKey;
+use crate::{FencingTable, LockMode, lock_id, split_lock_id};
+
+mod granted;
 
 /// A `Result` whose error is the inspection [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -127,14 +176,21 @@ pub const DEFAULT_APPLICATION_NAME_PREFIX: &str = "pglock:";
 // One row per `pg_locks` entry: the advisory single-bigint locks of this database, each with
 // its session. `$1`/`$2` narrow it to one lock's (classid, objid), or are NULL for all.
 // `waitstart` is read through to_jsonb so the one statement also runs on PostgreSQL 13 and
-// older, where the column does not exist (there it reads NULL).
+// older, where the column does not exist (there it reads NULL). `$3` is the fencing table, or
+// NULL, and `$4` its schema as given: whether it exists and may be read is asked here, so a
+// missing table costs no failed statement (nor a line in the server's log) per inspection.
+// `to_regclass` fails on a schema the role may not use, hence the USAGE check before it.
 const REPORT: &str = "\
 SELECT l.classid::int8 AS classid, l.objid::int8 AS objid, l.granted, \
        l.mode = 'ShareLock' AS shared, l.pid, a.application_name, \
        host(a.client_addr) AS client_addr, a.client_port, a.backend_start, a.state, \
        CASE WHEN NOT l.granted THEN (to_jsonb(l) ->> 'waitstart')::timestamptz \
             WHEN a.state LIKE 'idle%' THEN a.state_change END AS since, \
-       statement_timestamp() AS observed_at \
+       statement_timestamp() AS observed_at, \
+       CASE WHEN $4::text IS NOT NULL AND NOT coalesce((SELECT has_schema_privilege(n.oid, \
+              'USAGE') FROM pg_namespace n WHERE n.nspname = $4::text), false) THEN false \
+            ELSE coalesce(has_table_privilege(to_regclass($3::text), 'SELECT'), false) \
+       END AS grants_readable \
 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
 WHERE l.locktype = 'advisory' AND l.objsubid = 1 \
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
@@ -149,6 +205,7 @@ pub struct Inspector {
     pool: PgPool,
     prefix: Option<String>,
     known: HashMap<i64, String>,
+    fencing: Option<FencingTable>,
 }
 
 impl Inspector {
@@ -161,6 +218,7 @@ impl Inspector {
             pool,
             prefix: Some(DEFAULT_APPLICATION_NAME_PREFIX.to_owned()),
             known: HashMap::new(),
+            fencing: None,
         }
     }
 
@@ -193,6 +251,29 @@ impl Inspector {
     /// Default: `Some("pglock:")`.
     pub fn application_name_prefix(mut self, prefix: Option<&str>) -> Self {
         self.prefix = prefix.map(str::to_owned);
+        self
+    }
+
+    /// Reads exclusive holders' grant times from `table`, the [`FencingTable`] of the managers
+    /// that hold the locks, so their ages are exact ([`Age::Exact`]) instead of lower bounds;
+    /// see [Grant times from the fencing table](self#grant-times-from-the-fencing-table) for
+    /// when a time is used, and the corner it leaves. An unqualified name is looked up by the
+    /// inspecting role's `search_path`.
+    ///
+    /// If the table is missing or the role may not read it (it needs `USAGE` on the schema
+    /// and `SELECT` on the table), the inspection works as without it: lower bounds. Costs a second query when a listed lock
+    /// has an idle exclusive holder. Default: none.
+    ///
+    /// ```
+    /// use pglock::FencingTable;
+    /// use pglock::inspect::Inspector;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # let pool = sqlx::PgPool::connect_lazy("postgres://localhost/app").unwrap();
+    /// let inspector = Inspector::new(pool).fencing_table(FencingTable::default());
+    /// # let _ = inspector; }
+    /// ```
+    pub fn fencing_table(mut self, table: FencingTable) -> Self {
+        self.fencing = Some(table);
         self
     }
 
@@ -271,10 +352,16 @@ impl Inspector {
         let rows = sqlx::query(REPORT)
             .bind(halves.map(|(classid, _)| i64::from(classid)))
             .bind(halves.map(|(_, objid)| i64::from(objid)))
+            .bind(self.fencing.as_ref().map(FencingTable::to_string))
+            .bind(self.fencing.as_ref().and_then(|t| t.table().schema()))
             .fetch_all(&self.pool)
             .await?;
         let mut reports: Vec<LockReport> = Vec::new();
+        let mut grants_readable = false;
+        let mut observed_at = None;
         for row in &rows {
+            grants_readable |= row.try_get::<bool, _>("grants_readable")?;
+            observed_at = Some(row.try_get::<DateTime<Utc>, _>("observed_at")?);
             let id = join_lock_id(oid(row, "classid")?, oid(row, "objid")?);
             if reports.last().is_none_or(|last| last.lock_id != id) {
                 reports.push(self.report(id));
@@ -286,6 +373,11 @@ impl Inspector {
             } else {
                 report.waiters.push(session);
             }
+        }
+        if let (Some(table), Some(observed_at), true) =
+            (&self.fencing, observed_at, grants_readable)
+        {
+            granted::read(&self.pool, table, &mut reports, observed_at).await?;
         }
         Ok(reports)
     }
@@ -308,6 +400,7 @@ impl Inspector {
         let observed_at: DateTime<Utc> = row.try_get("observed_at")?;
         let client_addr: Option<String> = row.try_get("client_addr")?;
         let client_port: Option<i32> = row.try_get("client_port")?;
+        let granted: bool = row.try_get("granted")?;
         Ok(Session {
             pid: row.try_get("pid")?,
             mode: if row.try_get("shared")? {
@@ -323,11 +416,17 @@ impl Inspector {
             backend_start: row.try_get("backend_start")?,
             state: row.try_get("state")?,
             since,
-            // A session that changed state after the statement started reads as zero.
-            held_or_waited_for: since
-                .map(|since| (observed_at - since).to_std().unwrap_or(Duration::ZERO)),
+            held_or_waited_for: since.map(|since| age(observed_at, since)),
+            // A waiter's wait start is exact; a holder's end of statement, a bound.
+            age: since.map(|_| if granted { Age::AtLeast } else { Age::Exact }),
         })
     }
+}
+
+/// The time from `since` to `observed_at`; a session that changed state after the statement
+/// started reads as zero.
+fn age(observed_at: DateTime<Utc>, since: DateTime<Utc>) -> Duration {
+    (observed_at - since).to_std().unwrap_or(Duration::ZERO)
 }
 
 /// The holder id in `application_name`: what follows `prefix`, if anything does.
@@ -402,12 +501,37 @@ pub struct Session {
     pub backend_start: Option<DateTime<Utc>>,
     /// `pg_stat_activity.state`: `idle`, `active`, `idle in transaction`, ...
     pub state: Option<String>,
-    /// For a waiter, when it began to wait; for a holder, a moment at or after the grant (see
-    /// the [module documentation](self#held-for-waited-for)).
+    /// For a waiter, when it began to wait; for a holder, the grant, or a moment after it, as
+    /// [`age`](Self::age) says (see the [module documentation](self#held-for-waited-for)).
     pub since: Option<DateTime<Utc>>,
-    /// How long the session has waited (exact), or held the lock (a lower bound, exact to
-    /// within a statement for pglock's sessions), up to the inspection.
+    /// How long the session has waited, or held the lock, up to the inspection: exact, or a
+    /// lower bound, as [`age`](Self::age) says.
     pub held_or_waited_for: Option<Duration>,
+    /// Whether `since` and `held_or_waited_for` are exact or a lower bound on the hold; `None`
+    /// when they are unknown.
+    pub age: Option<Age>,
+}
+
+/// How to read a [`Session`]'s [`since`](Session::since) and
+/// [`held_or_waited_for`](Session::held_or_waited_for).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Age {
+    /// Exact: a waiter's wait start, or an exclusive holder's grant read from the
+    /// [fencing table](Inspector::fencing_table).
+    Exact,
+    /// A lower bound on the hold: `since` is the end of the holder's latest statement, at or
+    /// after the grant, so the lock has been held for at least `held_or_waited_for`.
+    AtLeast,
+}
+
+impl Age {
+    /// `"exact"` or `"at_least"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Age::Exact => "exact",
+            Age::AtLeast => "at_least",
+        }
+    }
 }
 
 #[cfg(test)]
