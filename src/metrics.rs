@@ -1,10 +1,12 @@
 //! OpenTelemetry metrics, when the `metrics` feature is on; nothing at all otherwise. This
 //! file holds the lock managers' instruments; the recipes' are in the modules below.
 
+mod job;
 mod leader;
 
 use std::time::Duration;
 
+pub(crate) use self::job::JobMetrics;
 pub(crate) use self::leader::LeaderMetrics;
 
 use crate::{LockMode, LossCause};
