@@ -587,9 +587,9 @@ impl Campaign {
             why: OnceLock::new(),
             work: Arc::new(RwLock::new(())),
         });
-        self.terms.send_replace(Some(Arc::clone(&term)));
-        // Recorded before leadership is published, so whoever sees it sees the metrics too.
+        // Recorded before the term is published, so whoever sees it sees the metrics too.
         let measured = self.metrics.won(vacant_since.elapsed());
+        self.terms.send_replace(Some(Arc::clone(&term)));
         self.leadership.send_replace(Leadership::Leader(info));
         if self.tracing {
             tracing::info!(parent: &span, "became leader");
