@@ -95,24 +95,16 @@ fn parse(expr: &str) -> Query {
     let (mut i, mut in_braces, mut in_grouping) = (0, false, false);
     let mut last_word = String::new();
     while i < chars.len() {
-        let c = chars[i];
-        match c {
-            '"' | '\'' | '`' => {
+        match chars[i] {
+            quote @ ('"' | '\'' | '`') => {
                 i += 1;
-                while i < chars.len() && chars[i] != c {
+                while i < chars.len() && chars[i] != quote {
                     i += if chars[i] == '\\' { 2 } else { 1 };
                 }
             }
-            '[' => {
-                while i < chars.len() && chars[i] != ']' {
-                    i += 1;
-                }
-            }
+            '[' => i = skip(&chars, i, |c| c != ']'),
             '$' => {
-                i += 1;
-                while i < chars.len() && (chars[i].is_alphanumeric() || "_{}".contains(chars[i])) {
-                    i += 1;
-                }
+                i = skip(&chars, i + 1, |c| c.is_alphanumeric() || "_{}".contains(c));
                 continue;
             }
             '{' => {
@@ -126,40 +118,21 @@ fn parse(expr: &str) -> Query {
             '(' if GROUPING.contains(&last_word.as_str()) => in_grouping = true,
             ')' => in_grouping = false,
             c if c.is_ascii_digit() || c == '.' => {
-                while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '.') {
-                    i += 1;
-                }
+                i = skip(&chars, i, |c| c.is_ascii_alphanumeric() || c == '.');
                 continue;
             }
             c if c.is_ascii_alphabetic() || c == '_' => {
-                let start = i;
-                while i < chars.len()
-                    && (chars[i].is_ascii_alphanumeric() || "_:".contains(chars[i]))
-                {
-                    i += 1;
-                }
-                let word: String = chars[start..i].iter().collect();
-                let rest: String = chars[i..].iter().collect();
-                let rest = rest.trim_start();
-                // A function, or an aggregation with its grouping first: `sum by (...) (...)`.
-                let applied = rest.starts_with('(')
-                    || ["by", "without"].iter().any(|g| {
-                        rest.strip_prefix(g)
-                            .is_some_and(|after| after.trim_start().starts_with('('))
-                    });
+                let end = skip(&chars, i, |c| c.is_ascii_alphanumeric() || "_:".contains(c));
+                let word: String = chars[i..end].iter().collect();
                 if in_braces {
-                    query
-                        .metrics
-                        .last_mut()
-                        .expect("a metric")
-                        .1
-                        .push(word.clone());
+                    let (_, labels) = query.metrics.last_mut().expect("a metric");
+                    labels.push(word.clone());
                 } else if in_grouping {
                     query.grouping.push(word.clone());
-                } else if !applied && !KEYWORDS.contains(&word.as_str()) {
+                } else if !applied(&chars[end..]) && !KEYWORDS.contains(&word.as_str()) {
                     query.metrics.push((word.clone(), Vec::new()));
                 }
-                last_word = word;
+                (i, last_word) = (end, word);
                 continue;
             }
             _ => {}
@@ -167,6 +140,25 @@ fn parse(expr: &str) -> Query {
         i += 1;
     }
     query
+}
+
+/// The index of the first character from `i` on that `keep` refuses.
+fn skip(chars: &[char], mut i: usize, keep: impl Fn(char) -> bool) -> usize {
+    while i < chars.len() && keep(chars[i]) {
+        i += 1;
+    }
+    i
+}
+
+/// Whether the word before `rest` applies to what follows: a function, or an aggregation with
+/// its grouping first (`sum by (...) (...)`).
+fn applied(rest: &[char]) -> bool {
+    let rest: String = rest.iter().collect();
+    let rest = rest.trim_start();
+    rest.starts_with('(')
+        || ["by", "without"].iter().any(|grouping| {
+            (rest.strip_prefix(grouping)).is_some_and(|after| after.trim_start().starts_with('('))
+        })
 }
 
 /// The labels a legend shows: each `{{label}}`.

@@ -14,9 +14,10 @@ use chrono::{DateTime, Utc};
 use common::jobs::{job_name, offset_for_boundary};
 use common::meters::{Pipeline, all_points, points};
 use common::within;
+use futures::future::BoxFuture;
 use opentelemetry_sdk::metrics::data::ResourceMetrics;
 use pglock::schedule::{
-    Error as JobError, InMemoryJobStore, JobStore, PostgresJobStore, ScheduledJob,
+    Error as JobError, InMemoryJobStore, JobRun, JobStore, PostgresJobStore, ScheduledJob,
     ScheduledJobBuilder, Skip,
 };
 use pglock::telemetry::{job, metrics};
@@ -120,7 +121,8 @@ macro_rules! on_both {
 }
 
 on_both!(
-    runs_and_skips_are_counted_by_outcome_and_reason,
+    a_run_and_the_skips_of_a_window_done_or_under_way,
+    busy_and_too_soon_skips,
     overruns_lost_runs_and_cancelled_runs_are_counted,
 );
 
@@ -146,11 +148,40 @@ fn skips(export: &ResourceMetrics, job_name: &str) -> BTreeMap<String, f64> {
     by(export, metrics::JOB_SKIPS, job_name, job::REASON)
 }
 
+/// A body that says it has started, then runs until it is dropped.
+fn endless(started: oneshot::Sender<()>) -> impl FnOnce(JobRun) -> BoxFuture<'static, ()> {
+    move |_| {
+        Box::pin(async move {
+            started.send(()).expect("the test waits");
+            std::future::pending::<()>().await
+        })
+    }
+}
+
 fn one(label: &str) -> BTreeMap<String, f64> {
     BTreeMap::from([(label.to_owned(), 1.0)])
 }
 
-async fn runs_and_skips_are_counted_by_outcome_and_reason(backend: Backend) {
+/// Checks that each job of `expected` ran once (or not at all) and skipped once, for the
+/// reason given.
+fn assert_ran_and_skipped(export: &ResourceMetrics, expected: &[(&String, bool, &str)]) {
+    for &(name, ran, reason) in expected {
+        let runs_expected = if ran {
+            one(job::outcome::RAN)
+        } else {
+            [].into()
+        };
+        assert_eq!(
+            runs(export, name),
+            runs_expected,
+            "{name}: a skip is no run"
+        );
+        assert_eq!(skips(export, name), one(reason), "{name}");
+    }
+    assert!(all_points(export, metrics::JOB_OVERRUNS).is_empty());
+}
+
+async fn a_run_and_the_skips_of_a_window_done_or_under_way(backend: Backend) {
     let pipeline = Pipeline::new();
 
     // Ran, then the same window again: already ran.
@@ -189,6 +220,16 @@ async fn runs_and_skips_are_counted_by_outcome_and_reason(backend: Backend) {
     assert!(ran.expect("run").ran());
     assert!(matches!(skipped.skipped(), Some(Skip::Running { .. })));
 
+    let export = pipeline.collect();
+    assert_ran_and_skipped(
+        &export,
+        &[(&done, true, "already_ran"), (&running, true, "running")],
+    );
+}
+
+async fn busy_and_too_soon_skips(backend: Backend) {
+    let pipeline = Pipeline::new();
+
     // The job's lock held, with no claim recorded: busy.
     let busy = job_name("metrics-busy");
     let job = backend.job(&busy, &pipeline).await.build().expect("valid");
@@ -218,21 +259,10 @@ async fn runs_and_skips_are_counted_by_outcome_and_reason(backend: Backend) {
     assert!(matches!(skipped.skipped(), Some(Skip::TooSoon { .. })));
 
     let export = pipeline.collect();
-    for (name, ran, reason) in [
-        (&done, true, "already_ran"),
-        (&running, true, "running"),
-        (&busy, false, "busy"),
-        (&soon, true, "too_soon"),
-    ] {
-        let expected = if ran {
-            one(job::outcome::RAN)
-        } else {
-            [].into()
-        };
-        assert_eq!(runs(&export, name), expected, "{name}: a skip is no run");
-        assert_eq!(skips(&export, name), one(reason), "{name}");
-    }
-    assert!(all_points(&export, metrics::JOB_OVERRUNS).is_empty());
+    assert_ran_and_skipped(
+        &export,
+        &[(&busy, false, "busy"), (&soon, true, "too_soon")],
+    );
 }
 
 async fn overruns_lost_runs_and_cancelled_runs_are_counted(backend: Backend) {
@@ -258,10 +288,7 @@ async fn overruns_lost_runs_and_cancelled_runs_are_counted(backend: Backend) {
         .build()
         .expect("valid");
     let (started_tx, started_rx) = oneshot::channel();
-    let body = |_| async move {
-        started_tx.send(()).expect("the test waits");
-        std::future::pending::<()>().await
-    };
+    let body = endless(started_tx);
     let (taken, ()) = tokio::join!(job.run(body), async {
         within("the body's start", started_rx)
             .await
@@ -281,10 +308,7 @@ async fn overruns_lost_runs_and_cancelled_runs_are_counted(backend: Backend) {
         .build()
         .expect("valid");
     let (started_tx, started_rx) = oneshot::channel();
-    let body = |_| async move {
-        started_tx.send(()).expect("the test waits");
-        std::future::pending::<()>().await
-    };
+    let body = endless(started_tx);
     tokio::select! {
         outcome = job.run(body) => panic!("the body never ends: {outcome:?}"),
         started = within("the body's start", started_rx) => started.expect("started"),

@@ -14,9 +14,10 @@ use common::within;
 use opentelemetry_sdk::metrics::data::ResourceMetrics;
 use pglock::telemetry::{HOLDER_ID, leader, metrics};
 use pglock::{
-    InMemoryLockManager, InMemoryLockServer, LeaderElection, LockManager, LockManagerExt,
-    PostgresLockManager,
+    InMemoryLockManager, InMemoryLockServer, LeaderElection, Leadership, LockInfo, LockManager,
+    LockManagerExt, PostgresLockManager,
 };
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 const RETRY: Duration = Duration::from_secs(1);
@@ -36,6 +37,20 @@ fn candidate(locks: Arc<dyn LockManager>, election: &str) -> (LeaderElection, Pi
         .meter(pipeline.meter())
         .start();
     (candidate, pipeline)
+}
+
+/// Waits until `election` leads; the term's lock info.
+async fn leads(election: &LeaderElection) -> LockInfo {
+    within("leadership", election.wait_for_leadership())
+        .await
+        .expect("the candidate leads")
+}
+
+/// Waits until `election` no longer leads.
+async fn steps_down(state: &mut watch::Receiver<Leadership>) {
+    within("the step down", state.wait_for(|l| !l.is_leader()))
+        .await
+        .expect("still campaigning");
 }
 
 fn in_memory(server: &InMemoryLockServer, id: &str) -> Arc<dyn LockManager> {
@@ -75,9 +90,7 @@ fn vacancy(export: &ResourceMetrics, election: &str) -> Vec<f64> {
 async fn leadership_goes_to_one_and_back_to_zero_and_the_winner_measures_the_vacancy() {
     let server = InMemoryLockServer::new();
     let (a, a_metrics) = candidate(in_memory(&server, "a"), "billing");
-    within("leadership", a.wait_for_leadership())
-        .await
-        .expect("alone, it leads");
+    leads(&a).await;
     let (b, b_metrics) = candidate(in_memory(&server, "b"), "billing");
     // b campaigns for a few intervals, each attempt finding the lock taken.
     tokio::time::sleep(RETRY * 3).await;
@@ -103,9 +116,7 @@ async fn leadership_goes_to_one_and_back_to_zero_and_the_winner_measures_the_vac
     assert_eq!(ended(&export, "billing", leader::outcome::RESIGNED), [1.0]);
     assert_eq!(series(&export, metrics::LEADER_TERMS_ENDED).len(), 1);
 
-    within("leadership", b.wait_for_leadership())
-        .await
-        .expect("b takes over");
+    leads(&b).await;
     let export = b_metrics.collect();
     assert_eq!(is_leader(&export, "billing"), [1.0]);
     assert_eq!(terms(&export, "billing"), [1.0]);
@@ -126,22 +137,26 @@ async fn leadership_goes_to_one_and_back_to_zero_and_the_winner_measures_the_vac
     assert_eq!(vacancy(&export, "billing")[0], 1.0);
     assert_eq!(terms(&export, "billing"), [1.0]);
 
-    let mut state = b.subscribe();
-    drop(b);
-    // The campaign ends (its channel closes) having stepped down.
-    while within("the campaign's end", state.changed()).await.is_ok() {}
-    let export = b_metrics.collect();
-    assert_eq!(
-        is_leader(&export, "billing"),
-        [0.0],
-        "a dropped candidate ends at 0"
-    );
+    let export = dropped(b, &b_metrics, "billing").await;
     assert_eq!(ended(&export, "billing", leader::outcome::DROPPED), [1.0]);
     // The election's name is the one attribute: no key, token or holder id.
     for name in [metrics::LEADER_IS_LEADER, metrics::LEADER_TERMS] {
         let only = [(leader::ELECTION.to_owned(), "billing".to_owned())];
         assert_eq!(series(&export, name), [only.to_vec()].into(), "{name}");
     }
+}
+
+/// Drops the handle of `candidate` for `election`, waits until its campaign has ended, and
+/// checks that its leadership series is back at 0; its export.
+async fn dropped(candidate: LeaderElection, metrics: &Pipeline, election: &str) -> ResourceMetrics {
+    let mut state = candidate.subscribe();
+    drop(candidate);
+    // The campaign ends (its channel closes) having stepped down.
+    while within("the campaign's end", state.changed()).await.is_ok() {}
+    let export = metrics.collect();
+    let zero = is_leader(&export, election);
+    assert_eq!(zero, [0.0], "a dropped candidate ends at 0");
+    export
 }
 
 #[tokio::test(start_paused = true)]
@@ -159,16 +174,12 @@ async fn a_term_taken_away_through_the_manager_or_lost_ends_with_that_outcome() 
         .metrics_holder_id(true)
         .start();
     let mut state = election.subscribe();
-    within("leadership", election.wait_for_leadership())
-        .await
-        .expect("leads");
+    leads(&election).await;
     // A term of a few intervals: the next vacancy is counted from its end, not from here.
     tokio::time::sleep(RETRY * 3).await;
 
     assert_eq!(locks.release_all().await.expect("release all"), 1);
-    within("the step down", state.wait_for(|l| !l.is_leader()))
-        .await
-        .expect("campaigning");
+    steps_down(&mut state).await;
     let export = pipeline.collect();
     assert_eq!(is_leader(&export, "ledger"), [0.0]);
     let elsewhere = leader::outcome::RELEASED_ELSEWHERE;
@@ -176,9 +187,7 @@ async fn a_term_taken_away_through_the_manager_or_lost_ends_with_that_outcome() 
 
     // It campaigns again: the office was vacant from its step-down to its next attempt.
     let stepped_down = Instant::now();
-    within("leadership", election.wait_for_leadership())
-        .await
-        .expect("leads again");
+    leads(&election).await;
     let export = pipeline.collect();
     assert_eq!(terms(&export, "ledger"), [2.0]);
     let measured = vacancy(&export, "ledger");
@@ -190,9 +199,7 @@ async fn a_term_taken_away_through_the_manager_or_lost_ends_with_that_outcome() 
     );
 
     assert!(locks.simulate_loss("leader:ledger").await);
-    within("the step down", state.wait_for(|l| !l.is_leader()))
-        .await
-        .expect("campaigning");
+    steps_down(&mut state).await;
     let export = pipeline.collect();
     assert_eq!(is_leader(&export, "ledger"), [0.0]);
     assert_eq!(ended(&export, "ledger", leader::outcome::LOST), [1.0]);
@@ -231,9 +238,7 @@ async fn a_postgres_leader_counts_its_terms_released_elsewhere_and_lost() {
         (1.0, leader::outcome::RELEASED_ELSEWHERE),
         (2.0, leader::outcome::LOST),
     ] {
-        let info = within("leadership", election.wait_for_leadership())
-            .await
-            .expect("leads");
+        let info = leads(&election).await;
         // Recorded before the term was published, and steady until its lock goes.
         let export = pipeline.collect();
         assert_eq!(terms(&export, &name), [term]);
