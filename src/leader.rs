@@ -1,11 +1,9 @@
 //! Leader election on any lock manager: [`LeaderElection`], and its [`Error`].
 
 use std::fmt;
-use std::future::{Future, poll_fn};
-use std::pin::pin;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::task::Poll;
 use std::time::Duration;
 
 use tokio::sync::{Mutex, OwnedRwLockReadGuard, RwLock, watch};
@@ -14,6 +12,8 @@ use tokio::time::{Instant, sleep};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{Instrument, Span, field::Empty};
 
+use crate::metrics::{LeaderMetrics, MeterChoice};
+use crate::sync::{First, first};
 use crate::telemetry::{self, leader as names};
 use crate::{LockGuard, LockInfo, LockKey, LockManager, LockManagerExt, LossCause, LossSignal};
 
@@ -165,6 +165,7 @@ impl LeaderElection {
             retry_interval: Duration::from_secs(1),
             jitter: 0.1,
             tracing: true,
+            meter: MeterChoice::default(),
         }
     }
 
@@ -371,6 +372,7 @@ pub struct LeaderElectionBuilder {
     retry_interval: Duration,
     jitter: f64,
     tracing: bool,
+    meter: MeterChoice,
 }
 
 impl LeaderElectionBuilder {
@@ -402,6 +404,25 @@ impl LeaderElectionBuilder {
         self
     }
 
+    /// Records the election's [metrics](crate::telemetry::metrics#leadership) through `meter`.
+    /// Default: `opentelemetry::global::meter("pglock")`.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn meter(mut self, meter: opentelemetry::metrics::Meter) -> Self {
+        self.meter.meter = Some(meter);
+        self
+    }
+
+    /// Puts the candidate's holder id on the election's metric series, as the lock managers'
+    /// `metrics_holder_id` does: only for few and stable holder ids (see
+    /// [`telemetry::metrics`](crate::telemetry::metrics#cardinality)). Default: off.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn metrics_holder_id(mut self, enabled: bool) -> Self {
+        self.meter.holder_id = enabled;
+        self
+    }
+
     /// Spawns the campaign on the current Tokio runtime and returns its handle. The first
     /// attempt is made at once.
     ///
@@ -414,7 +435,9 @@ impl LeaderElectionBuilder {
         let (terms, terms_rx) = watch::channel(None);
         let stop = CancellationToken::new();
         let resigned = Arc::new(AtomicBool::new(false));
+        let holder_id = self.manager.holder_id();
         let campaign = Campaign {
+            metrics: LeaderMetrics::build(self.meter, &self.name, holder_id),
             key: key.clone(),
             manager: Arc::clone(&self.manager),
             retry: self.retry_interval,
@@ -512,11 +535,15 @@ struct Campaign {
     resigned: Arc<AtomicBool>,
     leadership: watch::Sender<Leadership>,
     terms: watch::Sender<Option<Arc<Term>>>,
+    metrics: LeaderMetrics,
 }
 
 impl Campaign {
     /// Campaigns until stopped; the result is the final release's.
     async fn run(self) -> Result<bool> {
+        // Since when the office may have been vacant, as far as this candidate knows: the
+        // last time it saw the lock taken (by someone else, or by itself).
+        let mut vacant_since = Instant::now();
         loop {
             // An attempt in flight when the campaign stops is dropped: acquisitions are cancel
             // safe, so it leaves nothing held.
@@ -524,11 +551,12 @@ impl Campaign {
             match first(self.stop.cancelled(), attempt).await {
                 First::Left(()) => return Ok(false),
                 First::Right(Ok(Some(guard))) => {
-                    if let Some(released) = self.lead(guard).await {
+                    if let Some(released) = self.lead(guard, vacant_since).await {
                         return released;
                     }
+                    vacant_since = Instant::now();
                 }
-                First::Right(Ok(None)) => {} // someone else leads
+                First::Right(Ok(None)) => vacant_since = Instant::now(), // someone else leads
                 First::Right(Err(err)) => {
                     if self.tracing {
                         tracing::warn!(
@@ -548,7 +576,7 @@ impl Campaign {
 
     /// Leads under `guard` until the term ends. `Some` carries the final release's result
     /// when the campaign must stop; `None` means campaign again.
-    async fn lead(&self, guard: LockGuard) -> Option<Result<bool>> {
+    async fn lead(&self, guard: LockGuard, vacant_since: Instant) -> Option<Result<bool>> {
         let info = guard.info().clone();
         let span = self.term_span(&info);
         let started = Instant::now();
@@ -559,6 +587,8 @@ impl Campaign {
             why: OnceLock::new(),
             work: Arc::new(RwLock::new(())),
         });
+        // Recorded before the term is published, so whoever sees it sees the metrics too.
+        let measured = self.metrics.won(vacant_since.elapsed());
         self.terms.send_replace(Some(Arc::clone(&term)));
         self.leadership.send_replace(Leadership::Leader(info));
         if self.tracing {
@@ -569,6 +599,7 @@ impl Campaign {
         // Step down before anything else: no one may act on this term any more.
         term.end(end.clone());
         self.terms.send_replace(None);
+        measured.ended(self.outcome(&end));
         self.leadership.send_replace(Leadership::Follower);
         span.record(names::TERM_MS, started.elapsed().as_secs_f64() * 1000.0);
         self.record_end(&span, &end);
@@ -598,12 +629,7 @@ impl Campaign {
     fn record_end(&self, span: &Span, end: &TermEnd) {
         match end {
             TermEnd::Lost(cause) => {
-                let outcome = if cause.is_release() {
-                    names::outcome::RELEASED_ELSEWHERE
-                } else {
-                    names::outcome::LOST
-                };
-                span.record(names::OUTCOME, outcome);
+                span.record(names::OUTCOME, self.outcome(end));
                 span.record(telemetry::CAUSE, tracing::field::display(cause));
                 span.record("otel.status_code", "ERROR");
                 if self.tracing {
@@ -620,12 +646,7 @@ impl Campaign {
         term.drained().instrument(span.clone()).await;
         let released = guard.release().instrument(span.clone()).await;
         let released = released.map(|()| true).map_err(Error::Lock);
-        let how = if self.resigned.load(Ordering::SeqCst) {
-            names::outcome::RESIGNED
-        } else {
-            names::outcome::DROPPED
-        };
-        span.record(names::OUTCOME, how);
+        span.record(names::OUTCOME, self.outcome(&TermEnd::Stopped));
         if let Err(err) = &released {
             span.record("otel.status_code", "ERROR");
             if self.tracing {
@@ -635,6 +656,17 @@ impl Campaign {
             tracing::info!(parent: span, "resigned");
         }
         released
+    }
+
+    /// How a term ended, one of [`names::outcome`]. A stop is a resignation or a dropped
+    /// handle: `resign` says so before it stops the campaign.
+    fn outcome(&self, end: &TermEnd) -> &'static str {
+        match end {
+            TermEnd::Lost(cause) if cause.is_release() => names::outcome::RELEASED_ELSEWHERE,
+            TermEnd::Lost(_) => names::outcome::LOST,
+            TermEnd::Stopped if self.resigned.load(Ordering::SeqCst) => names::outcome::RESIGNED,
+            TermEnd::Stopped => names::outcome::DROPPED,
+        }
     }
 
     fn term_span(&self, info: &LockInfo) -> Span {
@@ -660,23 +692,4 @@ impl Campaign {
         let random = (uuid::Uuid::new_v4().as_u64_pair().0 >> 11) as f64 / (1u64 << 53) as f64;
         self.retry.mul_f64(1.0 + self.jitter * random)
     }
-}
-
-/// Which of two futures finished first.
-enum First<A, B> {
-    Left(A),
-    Right(B),
-}
-
-/// Polls `left`, then `right`, until one of them finishes, and drops the other. Biased towards
-/// `left`, so an end or a stop wins over work that completes at the same moment.
-async fn first<A: Future, B: Future>(left: A, right: B) -> First<A::Output, B::Output> {
-    let (mut left, mut right) = (pin!(left), pin!(right));
-    poll_fn(|cx| {
-        if let Poll::Ready(value) = left.as_mut().poll(cx) {
-            return Poll::Ready(First::Left(value));
-        }
-        right.as_mut().poll(cx).map(First::Right)
-    })
-    .await
 }

@@ -61,7 +61,7 @@
 //!
 //! | feature | default | enables |
 //! | --- | --- | --- |
-//! | `metrics` | no | OpenTelemetry metrics (see [`telemetry::metrics`]); builders gain `meter` and `metrics_holder_id` methods. |
+//! | `metrics` | no | OpenTelemetry metrics of the managers, leader elections and scheduled jobs (see [`telemetry::metrics`]); their builders gain a `meter` method, the managers' and the election's a `metrics_holder_id` method. |
 //!
 //! # The crates beside this one
 //!

@@ -1,6 +1,13 @@
-//! OpenTelemetry metrics, when the `metrics` feature is on; nothing at all otherwise.
+//! OpenTelemetry metrics, when the `metrics` feature is on; nothing at all otherwise. This
+//! file holds the lock managers' instruments; the recipes' are in the modules below.
+
+mod job;
+mod leader;
 
 use std::time::Duration;
+
+pub(crate) use self::job::JobMetrics;
+pub(crate) use self::leader::LeaderMetrics;
 
 use crate::{LockMode, LossCause};
 
@@ -40,7 +47,7 @@ pub(crate) type MeterChoice = NoMeter;
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct NoMeter;
 
-/// Bucket bounds, in seconds, of both duration histograms. The SDK's default bounds (0 to
+/// Bucket bounds, in seconds, of every duration histogram. The SDK's default bounds (0 to
 /// 10 000) are made for milliseconds: in seconds every short wait would land in one bucket.
 #[cfg(feature = "metrics")]
 const SECONDS_BUCKETS: [f64; 19] = [

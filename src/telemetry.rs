@@ -140,7 +140,8 @@ pub mod via {
     pub const RELEASE_ALL: &str = "release_all";
 }
 
-/// Names of the OpenTelemetry metrics recorded with the `metrics` feature.
+/// Names of the OpenTelemetry metrics recorded with the `metrics` feature: the lock managers',
+/// the leader elections' and the scheduled jobs'.
 ///
 /// | instrument | kind | unit | attributes |
 /// | --- | --- | --- | --- |
@@ -150,9 +151,21 @@ pub mod via {
 /// | [`HELD`](metrics::HELD) | up-down counter (a gauge of locks held) | | none |
 /// | [`BUDGET`](metrics::BUDGET) | gauge: the most locks the manager may hold at once | | none |
 /// | [`LOST`](metrics::LOST) | counter | | [`CAUSE`] |
+/// | [`LEADER_IS_LEADER`](metrics::LEADER_IS_LEADER) | up-down counter: 1 while the candidate leads, else 0 | | [`ELECTION`](leader::ELECTION) |
+/// | [`LEADER_TERMS`](metrics::LEADER_TERMS) | counter: terms won | | [`ELECTION`](leader::ELECTION) |
+/// | [`LEADER_TERMS_ENDED`](metrics::LEADER_TERMS_ENDED) | counter: terms ended | | [`ELECTION`](leader::ELECTION), [`leader::OUTCOME`] |
+/// | [`LEADER_VACANCY`](metrics::LEADER_VACANCY) | histogram: time to a new leader, an upper bound | s | [`ELECTION`](leader::ELECTION) |
+/// | [`JOB_RUNS`](metrics::JOB_RUNS) | counter: calls of `run` that did not skip | | [`JOB`](job::JOB), [`job::OUTCOME`] |
+/// | [`JOB_SKIPS`](metrics::JOB_SKIPS) | counter | | [`JOB`](job::JOB), [`REASON`](job::REASON) |
+/// | [`JOB_OVERRUNS`](metrics::JOB_OVERRUNS) | counter: bodies cut off at the max hold | | [`JOB`](job::JOB) |
+/// | [`JOB_EXTENSIONS`](metrics::JOB_EXTENSIONS) | counter | | [`JOB`](job::JOB), [`job::OUTCOME`] ([`job::extension`] values) |
 ///
-/// The managers record through the meter given to their builders' `meter` method, or through
-/// `opentelemetry::global::meter("pglock")`, so installing a global `MeterProvider` is enough.
+/// [`ALL`](metrics::ALL) lists the same, for code: dashboards and their tests check their
+/// queries against it.
+///
+/// The managers, elections and jobs record through the meter given to their builders' `meter`
+/// method, or through `opentelemetry::global::meter("pglock")`, so installing a global
+/// `MeterProvider` is enough.
 ///
 /// # Cardinality
 ///
@@ -161,8 +174,14 @@ pub mod via {
 /// [`LossCause::as_str`](crate::LossCause::as_str), a stable machine-readable label, never a
 /// sentence. The holder id is left out by default: the generated one is unique per process and
 /// per manager, so with it every restart and every replica would open new series. Opt in with
-/// the builders' `metrics_holder_id(true)` when your holder ids are few and stable (pod names
-/// of a fixed set, say); every series then also carries [`HOLDER_ID`].
+/// the builders' `metrics_holder_id(true)` (the managers' and the election's) when your holder
+/// ids are few and stable (pod names of a fixed set, say); every series of that manager or
+/// election then also carries [`HOLDER_ID`].
+///
+/// The election and job names are attributes: they are fixed by your application's code (one
+/// per election, one per job), so they add a few series each, not one per run or term. Do not
+/// build them from ids, keys or tokens. Run numbers, fencing tokens and windows are never
+/// attributes; the spans carry them.
 ///
 /// # Hold time
 ///
@@ -172,10 +191,40 @@ pub mod via {
 /// released by the first task and granted to the next. Locks declared lost are counted by
 /// [`LOST`](metrics::LOST) instead and are not in the histogram.
 ///
-/// Both histograms are in seconds, with bucket bounds from 0.5 ms to one hour (0.0005, 0.001,
+/// # Leadership
+///
+/// [`LEADER_IS_LEADER`](metrics::LEADER_IS_LEADER) is an up-down counter, so candidates of one
+/// election in one process add up instead of overwriting each other: every candidate shows 0
+/// from its start, +1 while it leads, and is back to 0 when its term ends, however it ends
+/// (resigned, dropped, lost, or its campaign dropped with its runtime). It follows
+/// [`LeaderElection::is_leader`](crate::LeaderElection::is_leader): on a graceful end it drops
+/// to 0 when the candidate steps down, before the leader work is drained and the lock
+/// released. Summed over the fleet, it says how many candidates lead each election.
+///
+/// [`LEADER_VACANCY`](metrics::LEADER_VACANCY), the time to a new leader, is recorded by the
+/// candidate that wins, once per term: the time from its last attempt that found the lock
+/// taken (or, if none did since, from the start of its campaign or the end of its own previous
+/// term) to its win. It is an upper bound of how long the office was vacant as this candidate
+/// saw it: the lock may have been freed any time after that attempt, and a campaign polls only
+/// every retry interval plus jitter, so the value can exceed the true vacancy by up to one such
+/// wait. A candidate that wins at its first attempt records 0.
+///
+/// # Scheduled jobs
+///
+/// Every call of [`ScheduledJob::run`](crate::schedule::ScheduledJob::run) counts once: a skip
+/// in [`JOB_SKIPS`](metrics::JOB_SKIPS) by [`Skip::as_str`](crate::schedule::Skip::as_str),
+/// anything else in [`JOB_RUNS`](metrics::JOB_RUNS) by the span's outcome (a dropped future
+/// counts as `cancelled`). [`JOB_OVERRUNS`](metrics::JOB_OVERRUNS) counts the bodies cut off at
+/// the max hold when they are cut off, even if the run is then dropped before it returns.
+///
+/// # Buckets
+///
+/// The histograms are in seconds, with bucket bounds from 0.5 ms to one hour (0.0005, 0.001,
 /// 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600).
 /// A view in your `MeterProvider` can replace them.
 pub mod metrics {
+    use super::{CAUSE, HOLDER_ID, MODE, OUTCOME, job, leader};
+
     /// Histogram of the time acquisitions spent waiting, in seconds.
     pub const ACQUIRE_WAIT: &str = "pglock.acquire.wait";
     /// Counter of acquisition attempts.
@@ -188,12 +237,128 @@ pub mod metrics {
     pub const BUDGET: &str = "pglock.locks.budget";
     /// Counter of held locks declared lost.
     pub const LOST: &str = "pglock.locks.lost";
+    /// Up-down counter: 1 while the candidate leads its election, 0 otherwise.
+    pub const LEADER_IS_LEADER: &str = "pglock.leader.is_leader";
+    /// Counter of leadership terms won.
+    pub const LEADER_TERMS: &str = "pglock.leader.terms";
+    /// Counter of leadership terms ended, by [`leader::OUTCOME`].
+    pub const LEADER_TERMS_ENDED: &str = "pglock.leader.terms.ended";
+    /// Histogram, in seconds, of how long the office was vacant before this candidate won it:
+    /// an upper bound (see [Leadership](self#leadership)).
+    pub const LEADER_VACANCY: &str = "pglock.leader.vacancy";
+    /// Counter of scheduled runs that did not skip, by [`job::OUTCOME`].
+    pub const JOB_RUNS: &str = "pglock.job.runs";
+    /// Counter of skipped runs, by [`job::REASON`].
+    pub const JOB_SKIPS: &str = "pglock.job.skips";
+    /// Counter of job bodies cut off at their max hold.
+    pub const JOB_OVERRUNS: &str = "pglock.job.overruns";
+    /// Counter of requests to extend a running job's hold, by [`job::OUTCOME`] (one of the
+    /// [`job::extension`] values).
+    pub const JOB_EXTENSIONS: &str = "pglock.job.extensions";
     /// Attribute: which operation, [`ACQUIRE`] or [`TRY_ACQUIRE`].
     pub const OPERATION: &str = "pglock.operation";
     /// `acquire` and `acquire_shared`.
     pub const ACQUIRE: &str = "acquire";
     /// `try_acquire` and `try_acquire_shared`.
     pub const TRY_ACQUIRE: &str = "try_acquire";
+
+    /// The kind of an OpenTelemetry instrument, which decides how exporters aggregate and name
+    /// it (a Prometheus counter gets `_total`, a histogram `_bucket`, `_sum` and `_count`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    #[non_exhaustive]
+    pub enum Kind {
+        /// A monotonic sum.
+        Counter,
+        /// A sum that goes up and down; exported as a gauge.
+        UpDownCounter,
+        /// The last value recorded.
+        Gauge,
+        /// A distribution over the [buckets](self#buckets).
+        Histogram,
+    }
+
+    /// One metric this crate records: what a dashboard or an alert may refer to.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    #[non_exhaustive]
+    pub struct Instrument {
+        /// Its name, one of the constants above.
+        pub name: &'static str,
+        /// Its kind.
+        pub kind: Kind,
+        /// Its unit (`s` for seconds), if it has one.
+        pub unit: Option<&'static str>,
+        /// Every attribute its series may carry ([`HOLDER_ID`] only where it is opted in).
+        pub attributes: &'static [&'static str],
+    }
+
+    const fn instrument(
+        name: &'static str,
+        kind: Kind,
+        unit: Option<&'static str>,
+        attributes: &'static [&'static str],
+    ) -> Instrument {
+        Instrument {
+            name,
+            kind,
+            unit,
+            attributes,
+        }
+    }
+
+    const SECONDS: Option<&str> = Some("s");
+
+    /// Every metric of the crate, the managers', elections' and jobs'.
+    pub const ALL: &[Instrument] = &[
+        instrument(
+            ACQUIRE_WAIT,
+            Kind::Histogram,
+            SECONDS,
+            &[OPERATION, MODE, OUTCOME, HOLDER_ID],
+        ),
+        instrument(
+            ACQUISITIONS,
+            Kind::Counter,
+            None,
+            &[OPERATION, MODE, OUTCOME, HOLDER_ID],
+        ),
+        instrument(HOLD_DURATION, Kind::Histogram, SECONDS, &[MODE, HOLDER_ID]),
+        instrument(HELD, Kind::UpDownCounter, None, &[HOLDER_ID]),
+        instrument(BUDGET, Kind::Gauge, None, &[HOLDER_ID]),
+        instrument(LOST, Kind::Counter, None, &[CAUSE, HOLDER_ID]),
+        instrument(
+            LEADER_IS_LEADER,
+            Kind::UpDownCounter,
+            None,
+            &[leader::ELECTION, HOLDER_ID],
+        ),
+        instrument(
+            LEADER_TERMS,
+            Kind::Counter,
+            None,
+            &[leader::ELECTION, HOLDER_ID],
+        ),
+        instrument(
+            LEADER_TERMS_ENDED,
+            Kind::Counter,
+            None,
+            &[leader::ELECTION, leader::OUTCOME, HOLDER_ID],
+        ),
+        instrument(
+            LEADER_VACANCY,
+            Kind::Histogram,
+            SECONDS,
+            &[leader::ELECTION, HOLDER_ID],
+        ),
+        instrument(JOB_RUNS, Kind::Counter, None, &[job::JOB, job::OUTCOME]),
+        instrument(JOB_SKIPS, Kind::Counter, None, &[job::JOB, job::REASON]),
+        instrument(JOB_OVERRUNS, Kind::Counter, None, &[job::JOB]),
+        instrument(
+            JOB_EXTENSIONS,
+            Kind::Counter,
+            None,
+            &[job::JOB, job::OUTCOME],
+        ),
+    ];
 }
 
 /// Names of the spans and fields emitted by [`LeaderElection`](crate::LeaderElection).
@@ -221,6 +386,10 @@ pub mod leader {
     pub const OUTCOME: &str = "pglock.leader.outcome";
     /// Field: how long the term lasted, in milliseconds.
     pub const TERM_MS: &str = "pglock.leader.term_ms";
+    /// Metric attribute: the election's name, as given to
+    /// [`LeaderElection::builder`](crate::LeaderElection::builder) (without the `leader:`
+    /// prefix of its key). Names are fixed by the application's code, so series stay few.
+    pub const ELECTION: &str = "pglock.leader.election";
 
     /// Values of the [`OUTCOME`] field.
     pub mod outcome {
@@ -254,8 +423,11 @@ pub mod job {
     pub const WINDOW_START: &str = "pglock.job.window_start";
     /// Field: the run number of the claim.
     pub const RUN: &str = "pglock.job.run_number";
-    /// Field: how the attempt ended; one of the [`outcome`] values.
+    /// Field: how the attempt ended; one of the [`outcome`] values. On
+    /// [`JOB_EXTENSIONS`](super::metrics::JOB_EXTENSIONS), one of the [`extension`] values.
     pub const OUTCOME: &str = "pglock.job.outcome";
+    /// Metric attribute: why a run skipped, [`Skip::as_str`](crate::schedule::Skip::as_str).
+    pub const REASON: &str = "pglock.job.reason";
 
     /// Values of the [`OUTCOME`] field. Skips use
     /// [`Skip::as_str`](crate::schedule::Skip::as_str): `already_ran`, `running`, `too_soon`,
@@ -271,5 +443,17 @@ pub mod job {
         pub const ERROR: &str = "error";
         /// The caller dropped the future.
         pub const CANCELLED: &str = "cancelled";
+    }
+
+    /// Values of the [`OUTCOME`] attribute of
+    /// [`JOB_EXTENSIONS`](super::metrics::JOB_EXTENSIONS): how a request to extend a running
+    /// job's hold ended.
+    pub mod extension {
+        /// The hold was extended as asked.
+        pub const EXTENDED: &str = "extended";
+        /// The hold was extended, but less than asked: up to its limit.
+        pub const CAPPED: &str = "capped";
+        /// The hold was not extended.
+        pub const REFUSED: &str = "refused";
     }
 }

@@ -8,119 +8,10 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use opentelemetry::metrics::MeterProvider as _;
-use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMetrics};
-use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
+use common::meters::{Pipeline, all_points, attribute_keys, points, series};
+use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
 use pglock::telemetry::{self, metrics, outcome};
 use pglock::{InMemoryLockManager, LockManagerExt, LossCause, PostgresLockManager};
-
-struct Pipeline {
-    exporter: InMemoryMetricExporter,
-    provider: SdkMeterProvider,
-}
-
-impl Pipeline {
-    fn new() -> Self {
-        let exporter = InMemoryMetricExporter::default();
-        let provider = SdkMeterProvider::builder()
-            .with_reader(PeriodicReader::builder(exporter.clone()).build())
-            .build();
-        Pipeline { exporter, provider }
-    }
-
-    fn meter(&self) -> opentelemetry::metrics::Meter {
-        self.provider.meter("pglock-tests")
-    }
-
-    /// Flushes, then returns the latest export.
-    fn collect(&self) -> ResourceMetrics {
-        self.provider.force_flush().expect("flush");
-        self.exporter
-            .get_finished_metrics()
-            .expect("exported metrics")
-            .pop()
-            .expect("at least one export")
-    }
-}
-
-/// One exported data point: its attributes, and its value (a sum's value, or a histogram's
-/// count and sum).
-#[derive(Debug)]
-struct Point {
-    attributes: Vec<(String, String)>,
-    value: f64,
-    count: u64,
-}
-
-impl Point {
-    fn has(&self, wanted: &[(&str, &str)]) -> bool {
-        wanted
-            .iter()
-            .all(|(k, v)| self.attributes.iter().any(|(ak, av)| ak == k && av == v))
-    }
-}
-
-/// Every data point of metric `name`.
-fn all_points(export: &ResourceMetrics, name: &str) -> Vec<Point> {
-    let attrs = |it: &mut dyn Iterator<Item = &opentelemetry::KeyValue>| {
-        it.map(|kv| (kv.key.to_string(), kv.value.to_string()))
-            .collect::<Vec<_>>()
-    };
-    let mut found = Vec::new();
-    for scope in export.scope_metrics() {
-        for metric in scope.metrics().filter(|m| m.name() == name) {
-            match metric.data() {
-                AggregatedMetrics::F64(MetricData::Histogram(h)) => {
-                    found.extend(h.data_points().map(|p| Point {
-                        attributes: attrs(&mut p.attributes()),
-                        value: p.sum(),
-                        count: p.count(),
-                    }));
-                }
-                AggregatedMetrics::U64(MetricData::Sum(s)) => {
-                    found.extend(s.data_points().map(|p| Point {
-                        attributes: attrs(&mut p.attributes()),
-                        value: p.value() as f64,
-                        count: 1,
-                    }));
-                }
-                AggregatedMetrics::U64(MetricData::Gauge(g)) => {
-                    found.extend(g.data_points().map(|p| Point {
-                        attributes: attrs(&mut p.attributes()),
-                        value: p.value() as f64,
-                        count: 1,
-                    }));
-                }
-                AggregatedMetrics::I64(MetricData::Sum(s)) => {
-                    found.extend(s.data_points().map(|p| Point {
-                        attributes: attrs(&mut p.attributes()),
-                        value: p.value() as f64,
-                        count: 1,
-                    }));
-                }
-                other => panic!("unexpected data for {name}: {other:?}"),
-            }
-        }
-    }
-    found
-}
-
-/// The values of the points of `name` whose attributes include all of `wanted`: for counters
-/// their value, for histograms their count and their sum.
-fn points(export: &ResourceMetrics, name: &str, wanted: &[(&str, &str)]) -> Vec<f64> {
-    let mut found = Vec::new();
-    for point in all_points(export, name).iter().filter(|p| p.has(wanted)) {
-        if is_histogram(name) {
-            found.push(point.count as f64);
-        }
-        found.push(point.value);
-    }
-    found
-}
-
-fn is_histogram(name: &str) -> bool {
-    name == metrics::ACQUIRE_WAIT || name == metrics::HOLD_DURATION
-}
 
 const INSTRUMENTS: [&str; 5] = [
     metrics::ACQUIRE_WAIT,
@@ -129,26 +20,6 @@ const INSTRUMENTS: [&str; 5] = [
     metrics::HELD,
     metrics::LOST,
 ];
-
-/// Every attribute key on any pglock series of the export.
-fn attribute_keys(export: &ResourceMetrics) -> BTreeSet<String> {
-    INSTRUMENTS
-        .iter()
-        .flat_map(|name| all_points(export, name))
-        .flat_map(|p| p.attributes.into_iter().map(|(k, _)| k))
-        .collect()
-}
-
-/// Every distinct attribute set of metric `name`: one per series.
-fn series(export: &ResourceMetrics, name: &str) -> BTreeSet<Vec<(String, String)>> {
-    all_points(export, name)
-        .into_iter()
-        .map(|mut p| {
-            p.attributes.sort();
-            p.attributes
-        })
-        .collect()
-}
 
 #[tokio::test]
 async fn postgres_manager_records_waits_outcomes_held_locks_and_losses() {
@@ -261,7 +132,7 @@ async fn postgres_manager_records_waits_outcomes_held_locks_and_losses() {
     );
 
     // Bounded cardinality: no holder id, and only attributes from short fixed lists.
-    let keys = attribute_keys(&export);
+    let keys = attribute_keys(&export, &INSTRUMENTS);
     let allowed: BTreeSet<String> = [
         metrics::OPERATION,
         telemetry::MODE,

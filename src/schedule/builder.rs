@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::{Error, Result};
 use super::{Inner, JobSpec, JobStore, ScheduledJob};
 use crate::LockManager;
+use crate::metrics::{JobMetrics, MeterChoice};
 
 /// The longest period or hold accepted: a hundred years.
 const LONGEST: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
@@ -27,6 +28,7 @@ pub struct ScheduledJobBuilder {
     pub(super) min_hold: Option<Duration>,
     pub(super) max_hold: Option<Duration>,
     pub(super) max_total_hold: Option<Duration>,
+    pub(super) meter: MeterChoice,
 }
 
 impl ScheduledJobBuilder {
@@ -77,6 +79,15 @@ impl ScheduledJobBuilder {
         self
     }
 
+    /// Records the job's [metrics](crate::telemetry::metrics#scheduled-jobs) through `meter`.
+    /// Default: `opentelemetry::global::meter("pglock")`.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn meter(mut self, meter: opentelemetry::metrics::Meter) -> Self {
+        self.meter.meter = Some(meter);
+        self
+    }
+
     /// Checks the settings and builds the job. Nothing touches the database yet.
     ///
     /// # Errors
@@ -100,6 +111,7 @@ impl ScheduledJobBuilder {
         Ok(ScheduledJob {
             inner: Arc::new(Inner {
                 key: format!("scheduled-job:{}", self.name).into(),
+                metrics: JobMetrics::build(self.meter, &self.name),
                 spec: JobSpec {
                     name: self.name,
                     period,

@@ -73,9 +73,21 @@ impl Lease {
         }
     }
 
+    /// Extends the hold by `by` and counts the outcome.
+    async fn extend(&self, by: Duration) -> Result<Extension> {
+        use crate::telemetry::job::extension;
+        let extended = self.extend_hold(by).await;
+        self.inner.metrics.extension(match &extended {
+            Ok(Extension { capped: false, .. }) => extension::EXTENDED,
+            Ok(Extension { capped: true, .. }) => extension::CAPPED,
+            Err(_) => extension::REFUSED,
+        });
+        extended
+    }
+
     /// Extends the hold by `by`: in the store first, then here, so the body is never let run
     /// past what the store granted.
-    async fn extend(&self, by: Duration) -> Result<Extension> {
+    async fn extend_hold(&self, by: Duration) -> Result<Extension> {
         let Inner { store, spec, .. } = &*self.inner;
         let not_running = || Error::NotRunning {
             job: spec.name.clone(),

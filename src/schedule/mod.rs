@@ -135,6 +135,7 @@ pub use self::store::{Extension, JobRecord, JobSpec, JobState, JobStore};
 pub use self::table::JobTable;
 
 use self::lease::Lease;
+use crate::metrics::JobMetrics;
 use crate::telemetry::{SpanOutcome, job as names};
 use crate::{LockGuard, LockKey, LockManager, LockManagerExt, LossCause};
 
@@ -152,6 +153,7 @@ struct Inner {
     store: Arc<dyn JobStore>,
     spec: JobSpec,
     key: LockKey,
+    metrics: JobMetrics,
 }
 
 impl ScheduledJob {
@@ -176,6 +178,7 @@ impl ScheduledJob {
             min_hold: None,
             max_hold: None,
             max_total_hold: None,
+            meter: Default::default(),
         }
     }
 
@@ -243,9 +246,9 @@ impl ScheduledJob {
             { names::OUTCOME } = Empty,
             otel.status_code = Empty,
         );
-        let mut recorder = SpanOutcome::new(span.clone(), names::OUTCOME);
+        let mut record = RunRecord::new(span.clone(), &self.inner.metrics);
         let result = self.attempt(body, &span).instrument(span.clone()).await;
-        finish(&mut recorder, &result);
+        record.finish(&result);
         result
     }
 
@@ -318,6 +321,7 @@ impl ScheduledJob {
                 Ok(RunOutcome::Ran { run, value })
             }
             Err(Ended::Overran) => {
+                self.inner.metrics.overrun();
                 if let Err(err) = claim.abandon().await {
                     tracing::warn!(error = %err, "an overrun claim could not be given up");
                 }
@@ -456,19 +460,57 @@ impl Drop for Claim {
     }
 }
 
-/// Records how a run ended on its span.
-fn finish<T>(recorder: &mut SpanOutcome, result: &Result<RunOutcome<T>>) {
-    let (outcome, failed) = match result {
-        Ok(RunOutcome::Ran { .. }) => (names::outcome::RAN, false),
-        Ok(RunOutcome::Skipped { reason, .. }) => (reason.as_str(), false),
-        Err(Error::Overran { .. }) => (names::outcome::OVERRAN, true),
-        Err(Error::Lock(lock)) if lock.is_lost() => (names::outcome::LOST, true),
-        Err(err) => {
-            tracing::warn!(parent: recorder.span(), error = %err, "scheduled job failed");
-            (names::outcome::ERROR, true)
+/// How one call of `run` ended, recorded once on its span and its metrics: by
+/// [`finish`](Self::finish), or as cancelled when the caller dropped the future first. Its drop
+/// is the one place that sees every exit, so every call is counted exactly once.
+struct RunRecord<'a> {
+    span: SpanOutcome,
+    metrics: &'a JobMetrics,
+    counted: Counted,
+}
+
+/// What a call of `run` counts as.
+#[derive(Clone, Copy)]
+enum Counted {
+    /// A run that did not skip, and its outcome (one of [`names::outcome`]).
+    Run(&'static str),
+    /// A skip, and its reason ([`Skip::as_str`]).
+    Skip(&'static str),
+}
+
+impl<'a> RunRecord<'a> {
+    fn new(span: Span, metrics: &'a JobMetrics) -> Self {
+        RunRecord {
+            span: SpanOutcome::new(span, names::OUTCOME),
+            metrics,
+            counted: Counted::Run(names::outcome::CANCELLED),
         }
-    };
-    recorder.finish(outcome, failed);
+    }
+
+    fn finish<T>(&mut self, result: &Result<RunOutcome<T>>) {
+        let (counted, failed) = match result {
+            Ok(RunOutcome::Ran { .. }) => (Counted::Run(names::outcome::RAN), false),
+            Ok(RunOutcome::Skipped { reason, .. }) => (Counted::Skip(reason.as_str()), false),
+            Err(Error::Overran { .. }) => (Counted::Run(names::outcome::OVERRAN), true),
+            Err(Error::Lock(lock)) if lock.is_lost() => (Counted::Run(names::outcome::LOST), true),
+            Err(err) => {
+                tracing::warn!(parent: self.span.span(), error = %err, "scheduled job failed");
+                (Counted::Run(names::outcome::ERROR), true)
+            }
+        };
+        let (Counted::Run(outcome) | Counted::Skip(outcome)) = counted;
+        self.span.finish(outcome, failed);
+        self.counted = counted;
+    }
+}
+
+impl Drop for RunRecord<'_> {
+    fn drop(&mut self) {
+        match self.counted {
+            Counted::Run(outcome) => self.metrics.run(outcome),
+            Counted::Skip(reason) => self.metrics.skip(reason),
+        }
+    }
 }
 
 impl fmt::Debug for ScheduledJob {

@@ -7,6 +7,7 @@ mod db;
 mod held;
 pub mod hooked;
 pub mod jobs;
+pub mod meters;
 pub mod otel;
 pub mod pgbouncer;
 pub mod proxy;

@@ -1,0 +1,106 @@
+//! A scheduled job's instruments: runs by outcome, skips by reason, overruns, extensions.
+
+use super::MeterChoice;
+
+/// The instruments of one job. Without the `metrics` feature this is an empty struct whose
+/// methods compile to nothing.
+#[derive(Default)]
+pub(crate) struct JobMetrics {
+    #[cfg(feature = "metrics")]
+    instruments: Option<Instruments>,
+}
+
+#[cfg(feature = "metrics")]
+struct Instruments {
+    runs: opentelemetry::metrics::Counter<u64>,
+    skips: opentelemetry::metrics::Counter<u64>,
+    overruns: opentelemetry::metrics::Counter<u64>,
+    extensions: opentelemetry::metrics::Counter<u64>,
+    /// The job's name: fixed by the application, so one series per job and outcome.
+    job: opentelemetry::KeyValue,
+}
+
+impl JobMetrics {
+    /// The instruments of the job `job`. Only the meter is taken from `choice`: a job's series
+    /// carry its name, never a holder id.
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn build(choice: MeterChoice, job: &str) -> Self {
+        #[cfg(feature = "metrics")]
+        {
+            use crate::telemetry::metrics as names;
+            let meter = (choice.meter).unwrap_or_else(|| opentelemetry::global::meter("pglock"));
+            let counter = |name: &'static str, description: &'static str| {
+                meter
+                    .u64_counter(name)
+                    .with_description(description)
+                    .build()
+            };
+            let instruments = Instruments {
+                runs: counter(
+                    names::JOB_RUNS,
+                    "Scheduled runs that did not skip, by outcome",
+                ),
+                skips: counter(names::JOB_SKIPS, "Scheduled runs skipped, by reason"),
+                overruns: counter(names::JOB_OVERRUNS, "Job bodies cut off at their max hold"),
+                extensions: counter(
+                    names::JOB_EXTENSIONS,
+                    "Requests to extend a running job's hold, by outcome",
+                ),
+                job: opentelemetry::KeyValue::new(crate::telemetry::job::JOB, job.to_owned()),
+            };
+            JobMetrics {
+                instruments: Some(instruments),
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        Self::default()
+    }
+
+    /// A call of `run` that did not skip ended with `outcome`, one of
+    /// [`crate::telemetry::job::outcome`].
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn run(&self, outcome: &'static str) {
+        #[cfg(feature = "metrics")]
+        if let Some(m) = &self.instruments {
+            m.runs
+                .add(1, &m.with(crate::telemetry::job::OUTCOME, outcome));
+        }
+    }
+
+    /// A call of `run` skipped; `reason` is [`Skip::as_str`](crate::schedule::Skip::as_str).
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn skip(&self, reason: &'static str) {
+        #[cfg(feature = "metrics")]
+        if let Some(m) = &self.instruments {
+            m.skips
+                .add(1, &m.with(crate::telemetry::job::REASON, reason));
+        }
+    }
+
+    /// A body was cut off at its max hold.
+    pub(crate) fn overrun(&self) {
+        #[cfg(feature = "metrics")]
+        if let Some(m) = &self.instruments {
+            m.overruns.add(1, std::slice::from_ref(&m.job));
+        }
+    }
+
+    /// A request to extend a running job's hold ended with `outcome`, one of
+    /// [`crate::telemetry::job::extension`].
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn extension(&self, outcome: &'static str) {
+        #[cfg(feature = "metrics")]
+        if let Some(m) = &self.instruments {
+            m.extensions
+                .add(1, &m.with(crate::telemetry::job::OUTCOME, outcome));
+        }
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl Instruments {
+    /// The job's name and one more attribute.
+    fn with(&self, key: &'static str, value: &'static str) -> [opentelemetry::KeyValue; 2] {
+        [self.job.clone(), opentelemetry::KeyValue::new(key, value)]
+    }
+}
