@@ -10,114 +10,22 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use common::jobs::{job_name, offset_for_boundary};
+use common::jobs::{Backend, job_name, offset_for_boundary, on_both};
 use common::meters::{Pipeline, all_points, points};
 use common::within;
 use futures::future::BoxFuture;
 use opentelemetry_sdk::metrics::data::ResourceMetrics;
-use pglock::schedule::{
-    Error as JobError, InMemoryJobStore, JobRun, JobStore, PostgresJobStore, ScheduledJob,
-    ScheduledJobBuilder, Skip,
-};
+use pglock::LockManagerExt;
+use pglock::schedule::{Error as JobError, JobRun, ScheduledJob, ScheduledJobBuilder, Skip};
 use pglock::telemetry::{job, metrics};
-use pglock::{
-    InMemoryLockManager, InMemoryLockServer, LockManager, LockManagerExt, PostgresLockManager,
-};
 use tokio::sync::oneshot;
 
 const HOUR: Duration = Duration::from_secs(3600);
 
-/// Where the replicas of one case keep their locks and their job's record.
-enum Backend {
-    Memory {
-        server: InMemoryLockServer,
-        store: InMemoryJobStore,
-    },
-    Postgres {
-        table: pglock::schedule::JobTable,
-        observer: sqlx::PgPool,
-    },
-}
-
-impl Backend {
-    fn memory() -> Self {
-        Backend::Memory {
-            server: InMemoryLockServer::new(),
-            store: InMemoryJobStore::new(),
-        }
-    }
-
-    async fn postgres() -> Self {
-        Backend::Postgres {
-            table: common::jobs::private_table().1,
-            observer: common::observer().await,
-        }
-    }
-
-    /// One replica: a lock manager of its own, and the shared store.
-    async fn replica(&self) -> (Arc<dyn LockManager>, Arc<dyn JobStore>) {
-        match self {
-            Backend::Memory { server, store } => (
-                Arc::new(InMemoryLockManager::builder().server(server).build()),
-                Arc::new(store.clone()),
-            ),
-            Backend::Postgres { table, .. } => {
-                let pool = common::pool(3).await;
-                let store = PostgresJobStore::with_table(pool.clone(), table.clone());
-                (Arc::new(PostgresLockManager::new(pool)), Arc::new(store))
-            }
-        }
-    }
-
-    /// The job `name` on a new replica, recording into `pipeline`: a period of an hour, no
-    /// min hold.
-    async fn job(&self, name: &str, pipeline: &Pipeline) -> ScheduledJobBuilder {
-        let (locks, store) = self.replica().await;
-        ScheduledJob::builder(locks, store, name, HOUR)
-            .min_hold(Duration::ZERO)
-            .meter(pipeline.meter())
-    }
-
-    /// The store's clock.
-    async fn now(&self) -> DateTime<Utc> {
-        match self {
-            Backend::Memory { .. } => Utc::now(),
-            Backend::Postgres { observer, .. } => common::jobs::db_now(observer).await,
-        }
-    }
-
-    /// Waits until the store's clock reads `at`.
-    async fn until(&self, at: DateTime<Utc>) {
-        match self {
-            Backend::Memory { .. } => {
-                tokio::time::sleep((at - Utc::now()).to_std().unwrap_or_default()).await;
-            }
-            Backend::Postgres { observer, .. } => common::jobs::until_db_time(observer, at).await,
-        }
-    }
-}
-
-/// Turns each `async fn case(backend: Backend)` into `memory::case` and `postgres::case`.
-macro_rules! on_both {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::Backend::memory()).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::Backend::postgres().await).await
-                }
-            )*
-        }
-    };
+/// The job `name` on a new replica of `backend`, recording into `pipeline`: a period of an
+/// hour, no min hold.
+async fn metered(backend: &Backend, name: &str, pipeline: &Pipeline) -> ScheduledJobBuilder {
+    backend.job(name).await.1.meter(pipeline.meter())
 }
 
 on_both!(
@@ -187,20 +95,21 @@ async fn a_run_and_the_skips_of_a_window_done_or_under_way(backend: Backend) {
 
     // Ran, then the same window again: already ran.
     let done = job_name("metrics-ran");
-    let job = backend.job(&done, &pipeline).await.build().expect("valid");
+    let job = metered(&backend, &done, &pipeline)
+        .await
+        .build()
+        .expect("valid");
     assert!(job.run(|_| async {}).await.expect("run").ran());
     let again = job.run(|_| async {}).await.expect("run");
     assert!(matches!(again.skipped(), Some(Skip::AlreadyRan { .. })));
 
     // Another replica ticks while a run is under way: running.
     let running = job_name("metrics-running");
-    let first = backend
-        .job(&running, &pipeline)
+    let first = metered(&backend, &running, &pipeline)
         .await
         .build()
         .expect("valid");
-    let second = backend
-        .job(&running, &pipeline)
+    let second = metered(&backend, &running, &pipeline)
         .await
         .build()
         .expect("valid");
@@ -233,7 +142,10 @@ async fn busy_and_too_soon_skips(backend: Backend) {
 
     // The job's lock held, with no claim recorded: busy.
     let busy = job_name("metrics-busy");
-    let job = backend.job(&busy, &pipeline).await.build().expect("valid");
+    let job = metered(&backend, &busy, &pipeline)
+        .await
+        .build()
+        .expect("valid");
     let (holder, _) = backend.replica().await;
     let guard = holder.acquire(job.lock_key(), None).await.expect("acquire");
     let skipped = job.run(|_| async {}).await.expect("run");
@@ -245,7 +157,7 @@ async fn busy_and_too_soon_skips(backend: Backend) {
     let soon = job_name("metrics-too-soon");
     let now = backend.now().await;
     let ahead = Duration::from_secs(1);
-    let job = (backend.job(&soon, &pipeline).await)
+    let job = (metered(&backend, &soon, &pipeline).await)
         .offset(offset_for_boundary(now, HOUR, ahead))
         .skew_tolerance(Duration::ZERO)
         .min_hold(Duration::from_secs(600))
@@ -271,7 +183,7 @@ async fn overruns_lost_runs_and_cancelled_runs_are_counted(backend: Backend) {
 
     // Cut off at its max hold: an overrun.
     let overrun = job_name("metrics-overrun");
-    let job = (backend.job(&overrun, &pipeline).await)
+    let job = (metered(&backend, &overrun, &pipeline).await)
         .max_hold(Duration::from_millis(100))
         .build()
         .expect("valid");
@@ -303,8 +215,7 @@ async fn overruns_lost_runs_and_cancelled_runs_are_counted(backend: Backend) {
 
     // Dropped by its caller while the body runs: cancelled.
     let cancelled = job_name("metrics-cancelled");
-    let job = backend
-        .job(&cancelled, &pipeline)
+    let job = metered(&backend, &cancelled, &pipeline)
         .await
         .build()
         .expect("valid");
@@ -330,7 +241,7 @@ async fn overruns_lost_runs_and_cancelled_runs_are_counted(backend: Backend) {
 async fn extensions_are_counted_by_outcome(backend: Backend) {
     let pipeline = Pipeline::new();
     let name = job_name("metrics-extend");
-    let job = (backend.job(&name, &pipeline).await)
+    let job = (metered(&backend, &name, &pipeline).await)
         .max_hold(Duration::from_secs(10))
         .max_total_hold(Duration::from_secs(20))
         .build()

@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::child::ChildOutput;
@@ -21,11 +20,6 @@ const ROUNDS: usize = 3;
 /// test): an argument, unlike an environment variable, cannot leak into the test run that
 /// spawns the workers and turn it into a worker.
 const ROLE: &str = "pglock-test-counter-worker=";
-
-/// The worker spec, when this process is a worker spawned by the test.
-fn worker_role() -> Option<String> {
-    std::env::args().find_map(|arg| arg.strip_prefix(ROLE).map(str::to_owned))
-}
 
 /// One critical section: read, then write the value read plus one.
 async fn increment(locks: &PostgresLockManager, counters: &PgPool, key: &str, row: uuid::Uuid) {
@@ -75,7 +69,7 @@ async fn act_as_worker(spec: &str) -> ! {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_never_overlap_in_the_critical_section() {
-    if let Some(spec) = worker_role() {
+    if let Some(spec) = common::child::role(ROLE) {
         act_as_worker(&spec).await;
     }
     let setup = common::pool(2).await;
@@ -96,18 +90,11 @@ async fn processes_never_overlap_in_the_critical_section() {
             .expect("insert");
         let workers: Vec<_> = (0..PROCESSES)
             .map(|_| {
-                Command::new(std::env::current_exe().expect("test binary"))
-                    .args([
-                        "processes_never_overlap_in_the_critical_section",
-                        "--exact",
-                        "--nocapture",
-                        "--test-threads=1",
-                    ])
-                    .arg(format!("{ROLE}{key}|{row}"))
-                    .env("DATABASE_URL", common::url())
-                    .stdout(Stdio::piped())
-                    .spawn()
-                    .expect("spawn a worker process")
+                common::child::spawn_self(
+                    "processes_never_overlap_in_the_critical_section",
+                    ROLE,
+                    &format!("{key}|{row}"),
+                )
             })
             .collect();
         let mut sections = 0;

@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,18 +29,8 @@ const STRETCH: Duration = Duration::from_millis(150);
 const TICK: Duration = Duration::from_millis(50);
 const BOUND: Duration = Duration::from_secs(30);
 
-fn runner_spec() -> Option<String> {
-    std::env::args().find_map(|arg| arg.strip_prefix(SPEC).map(str::to_owned))
-}
-
 fn spawn_runner(test: &str, spec: &str) -> Child {
-    Command::new(std::env::current_exe().expect("test binary"))
-        .args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .arg(format!("{SPEC}{spec}"))
-        .env("DATABASE_URL", common::url())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn a runner")
+    common::child::spawn_self(test, SPEC, spec)
 }
 
 /// The job on a manager and store of this process: hourly (so every run is for one window),
@@ -133,7 +123,7 @@ where
 /// Another process ticking all along never runs the job, and is told the extended ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_that_keeps_extending_is_not_run_a_second_time() {
-    if let Some(spec) = runner_spec() {
+    if let Some(spec) = common::child::role(SPEC) {
         act_as_runner(&spec).await;
     }
     let (table, _) = private_table();
@@ -182,7 +172,7 @@ async fn a_run_that_keeps_extending_is_not_run_a_second_time() {
 /// does the other process run the window again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_that_stops_extending_is_cut_off_and_run_again() {
-    if let Some(spec) = runner_spec() {
+    if let Some(spec) = common::child::role(SPEC) {
         act_as_runner(&spec).await;
     }
     let (table, _) = private_table();
@@ -231,7 +221,7 @@ async fn a_run_that_stops_extending_is_cut_off_and_run_again() {
 /// end, by the database's clock, and the window runs again after it, not before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_run_holds_the_job_until_its_extended_end() {
-    if let Some(spec) = runner_spec() {
+    if let Some(spec) = common::child::role(SPEC) {
         act_as_runner(&spec).await;
     }
     let (table, _) = private_table();

@@ -4,98 +4,15 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use pglock::schedule::{
-    InMemoryJobStore, JobStore, PostgresJobStore, RunOutcome, ScheduledJob, ScheduledJobBuilder,
-    Skip,
-};
-use pglock::{
-    Error, InMemoryLockManager, InMemoryLockServer, LockManager, LockManagerExt, LossCause,
-    PostgresLockManager,
-};
+use common::jobs::{Backend, on_both};
+
+use pglock::schedule::{RunOutcome, ScheduledJobBuilder, Skip};
+use pglock::{Error, LockManagerExt, LossCause};
 
 const HOUR: Duration = Duration::from_secs(3600);
 const BOUND: Duration = Duration::from_secs(10);
-
-/// Where the replicas of one case keep their locks and their job's record.
-enum Backend {
-    Memory {
-        server: InMemoryLockServer,
-        store: InMemoryJobStore,
-    },
-    Postgres {
-        table: pglock::schedule::JobTable,
-    },
-}
-
-impl Backend {
-    fn memory() -> Self {
-        Backend::Memory {
-            server: InMemoryLockServer::new(),
-            store: InMemoryJobStore::new(),
-        }
-    }
-
-    fn postgres() -> Self {
-        Backend::Postgres {
-            table: common::jobs::private_table().1,
-        }
-    }
-
-    /// One replica: a lock manager of its own, and the shared store.
-    async fn replica(&self) -> (Arc<dyn LockManager>, Arc<dyn JobStore>) {
-        match self {
-            Backend::Memory { server, store } => (
-                Arc::new(InMemoryLockManager::builder().server(server).build()),
-                Arc::new(store.clone()),
-            ),
-            Backend::Postgres { table } => {
-                let pool = common::pool(3).await;
-                let store = PostgresJobStore::with_table(pool.clone(), table.clone());
-                (Arc::new(PostgresLockManager::new(pool)), Arc::new(store))
-            }
-        }
-    }
-
-    /// The job's record, as a store of this backend reads it.
-    async fn record(&self, job: &ScheduledJob) -> pglock::schedule::JobRecord {
-        let (_, store) = self.replica().await;
-        let state = store.state(job.spec()).await.expect("read the record");
-        state.record.expect("the job was claimed")
-    }
-
-    /// The job `name` on a new replica: a period of an hour, no min hold.
-    async fn job(&self, name: &str) -> (Arc<dyn LockManager>, ScheduledJobBuilder) {
-        let (locks, store) = self.replica().await;
-        let job =
-            ScheduledJob::builder(Arc::clone(&locks), store, name, HOUR).min_hold(Duration::ZERO);
-        (locks, job)
-    }
-}
-
-/// Turns each `async fn case(backend: Backend)` into `memory::case` and `postgres::case`.
-macro_rules! on_both {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::Backend::memory()).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::Backend::postgres()).await
-                }
-            )*
-        }
-    };
-}
 
 on_both!(
     a_window_runs_once_across_replicas,

@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -40,19 +40,8 @@ type LoggedRun = (
     Option<DateTime<Utc>>,
 );
 
-/// The replica spec passed on the command line, if this process is a replica.
-fn replica_spec() -> Option<String> {
-    std::env::args().find_map(|arg| arg.strip_prefix(SPEC).map(str::to_owned))
-}
-
 fn spawn_replica(test: &str, spec: &str) -> Child {
-    Command::new(std::env::current_exe().expect("test binary"))
-        .args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .arg(format!("{SPEC}{spec}"))
-        .env("DATABASE_URL", common::url())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn a replica")
+    common::child::spawn_self(test, SPEC, spec)
 }
 
 fn skewed_job(locks: PostgresLockManager, table: &str, name: &str) -> ScheduledJob {
@@ -133,7 +122,7 @@ async fn act_as_skewed_replica(spec: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_on_skewed_schedules_run_each_window_exactly_once() {
-    if let Some(spec) = replica_spec().filter(|s| s.starts_with("skew|")) {
+    if let Some(spec) = common::child::role(SPEC).filter(|s| s.starts_with("skew|")) {
         return act_as_skewed_replica(&spec).await;
     }
     let observer = common::observer().await;
@@ -201,7 +190,7 @@ async fn a_killed_runner_holds_the_job_until_its_max_hold_then_the_window_runs_a
         .build()
         .expect("valid")
     };
-    if let Some(spec) = replica_spec().filter(|s| s.starts_with("crash|")) {
+    if let Some(spec) = common::child::role(SPEC).filter(|s| s.starts_with("crash|")) {
         let [_, table, name] = spec.split('|').collect::<Vec<_>>()[..] else {
             panic!("bad spec {spec}")
         };

@@ -11,7 +11,7 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::Duration;
 
 use common::child::ChildOutput;
@@ -27,18 +27,8 @@ const TASKS: usize = 2;
 const ENTRIES: usize = 15;
 const BOUND: Duration = Duration::from_secs(60);
 
-fn worker_role() -> Option<String> {
-    std::env::args().find_map(|arg| arg.strip_prefix(ROLE).map(str::to_owned))
-}
-
 fn spawn_worker(test: &str, spec: &str) -> Child {
-    Command::new(std::env::current_exe().expect("test binary"))
-        .args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .arg(format!("{ROLE}{spec}"))
-        .env("DATABASE_URL", common::url())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn a worker")
+    common::child::spawn_self(test, ROLE, spec)
 }
 
 async fn fenced_semaphore(name: &str, permits: usize, connections: u32) -> Semaphore {
@@ -221,7 +211,7 @@ async fn act_as_worker(spec: &str) -> ! {
 /// three permits: never more than three inside, never two in one slot, and all three used.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_never_hold_more_permits_than_there_are() {
-    if let Some(spec) = worker_role() {
+    if let Some(spec) = common::child::role(ROLE) {
         act_as_worker(&spec).await;
     }
     let name = common::key("semaphore-processes");
@@ -279,7 +269,7 @@ async fn processes_never_hold_more_permits_than_there_are() {
 /// permit comes back, and the next holder of its slot replaces its row with a higher token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_holder_keeps_its_permit_and_a_killed_one_gives_it_back() {
-    if let Some(spec) = worker_role() {
+    if let Some(spec) = common::child::role(ROLE) {
         act_as_worker(&spec).await;
     }
     let name = common::key("semaphore-kill");

@@ -2,9 +2,30 @@
 //! the test instead of hanging it.
 
 use std::io::{BufRead, BufReader};
-use std::process::ChildStdout;
+use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
+
+/// The part this process plays when a test spawned it with [`spawn_self`] and `prefix`.
+///
+/// Children learn their part from a command-line argument (a test-name filter that matches no
+/// test), never from the environment: a variable left in the parent's environment cannot turn
+/// the parent into a child.
+pub fn role(prefix: &str) -> Option<String> {
+    std::env::args().find_map(|arg| arg.strip_prefix(prefix).map(str::to_owned))
+}
+
+/// Spawns a copy of this test binary that runs only `test`, with `{prefix}{spec}` on its
+/// command line, the test database in `DATABASE_URL`, and its output piped.
+pub fn spawn_self(test: &str, prefix: &str, spec: &str) -> Child {
+    Command::new(std::env::current_exe().expect("test binary"))
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .arg(format!("{prefix}{spec}"))
+        .env("DATABASE_URL", super::url())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn a copy of the test binary")
+}
 
 /// How long a test waits for the next line from a child.
 pub const CHILD_BOUND: Duration = Duration::from_secs(120);

@@ -6,8 +6,11 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use pglock::PostgresLockManager;
-use pglock::schedule::{JobTable, PostgresJobStore, ScheduledJob, ScheduledJobBuilder};
+use pglock::schedule::{
+    InMemoryJobStore, JobRecord, JobStore, JobTable, PostgresJobStore, ScheduledJob,
+    ScheduledJobBuilder,
+};
+use pglock::{InMemoryLockManager, InMemoryLockServer, LockManager, PostgresLockManager};
 use sqlx::PgPool;
 
 /// A scheduled job on `locks`, recorded in `table` of the manager's own database.
@@ -112,3 +115,103 @@ pub async fn row(pool: &PgPool, table: &str, job: &str) -> Option<Row> {
         },
     )
 }
+
+/// Where the replicas of a case that runs on both backends keep their locks and their job's
+/// record: memory (what a unit test of a user's job uses), or PostgreSQL.
+pub enum Backend {
+    Memory {
+        server: InMemoryLockServer,
+        store: InMemoryJobStore,
+    },
+    Postgres {
+        table: JobTable,
+    },
+}
+
+impl Backend {
+    pub fn memory() -> Self {
+        Backend::Memory {
+            server: InMemoryLockServer::new(),
+            store: InMemoryJobStore::new(),
+        }
+    }
+
+    pub fn postgres() -> Self {
+        Backend::Postgres {
+            table: private_table().1,
+        }
+    }
+
+    /// One replica: a lock manager of its own, and the shared store.
+    pub async fn replica(&self) -> (Arc<dyn LockManager>, Arc<dyn JobStore>) {
+        match self {
+            Backend::Memory { server, store } => (
+                Arc::new(InMemoryLockManager::builder().server(server).build()),
+                Arc::new(store.clone()),
+            ),
+            Backend::Postgres { table } => {
+                let pool = super::pool(3).await;
+                let store = PostgresJobStore::with_table(pool.clone(), table.clone());
+                (Arc::new(PostgresLockManager::new(pool)), Arc::new(store))
+            }
+        }
+    }
+
+    /// The job `name` on a new replica: a period of an hour, no min hold.
+    pub async fn job(&self, name: &str) -> (Arc<dyn LockManager>, ScheduledJobBuilder) {
+        let (locks, store) = self.replica().await;
+        let hour = Duration::from_secs(3600);
+        let job =
+            ScheduledJob::builder(Arc::clone(&locks), store, name, hour).min_hold(Duration::ZERO);
+        (locks, job)
+    }
+
+    /// The job's record, as a store of this backend reads it.
+    pub async fn record(&self, job: &ScheduledJob) -> JobRecord {
+        let (_, store) = self.replica().await;
+        let state = store.state(job.spec()).await.expect("read the record");
+        state.record.expect("the job was claimed")
+    }
+
+    /// The store's clock.
+    pub async fn now(&self) -> DateTime<Utc> {
+        match self {
+            Backend::Memory { .. } => Utc::now(),
+            Backend::Postgres { .. } => db_now(&super::observer().await).await,
+        }
+    }
+
+    /// Waits until the store's clock reads `at`.
+    pub async fn until(&self, at: DateTime<Utc>) {
+        match self {
+            Backend::Memory { .. } => {
+                tokio::time::sleep((at - Utc::now()).to_std().unwrap_or_default()).await;
+            }
+            Backend::Postgres { .. } => until_db_time(&super::observer().await, at).await,
+        }
+    }
+}
+
+/// Turns each `async fn case(backend: Backend)` of the calling test file into `memory::case`
+/// and `postgres::case`.
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name($crate::common::jobs::Backend::memory()).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name($crate::common::jobs::Backend::postgres()).await
+                }
+            )*
+        }
+    };
+}
+pub(crate) use on_both;

@@ -1,5 +1,5 @@
 //! Helpers shared by the integration tests, one file per concern.
-#![allow(dead_code, unused_imports)]
+#![allow(dead_code, unused_imports, unused_macros)]
 
 mod ages;
 pub mod child;
