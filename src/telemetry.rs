@@ -157,7 +157,7 @@ pub mod via {
 /// | [`LEADER_VACANCY`](metrics::LEADER_VACANCY) | histogram: time to a new leader, an upper bound | s | [`ELECTION`](leader::ELECTION) |
 /// | [`JOB_RUNS`](metrics::JOB_RUNS) | counter: calls of `run` that did not skip | | [`JOB`](job::JOB), [`job::OUTCOME`] |
 /// | [`JOB_SKIPS`](metrics::JOB_SKIPS) | counter | | [`JOB`](job::JOB), [`REASON`](job::REASON) |
-/// | [`JOB_OVERRUNS`](metrics::JOB_OVERRUNS) | counter: bodies cut off at the max hold | | [`JOB`](job::JOB) |
+/// | [`JOB_OVERRUNS`](metrics::JOB_OVERRUNS) | counter: bodies cut off at the end of their hold (the max hold, or later once extended) | | [`JOB`](job::JOB) |
 /// | [`JOB_EXTENSIONS`](metrics::JOB_EXTENSIONS) | counter | | [`JOB`](job::JOB), [`job::OUTCOME`] ([`job::extension`] values) |
 ///
 /// [`ALL`](metrics::ALL) lists the same, for code: dashboards and their tests check their
@@ -207,7 +207,7 @@ pub mod via {
 /// term) to its win. It is an upper bound of how long the office was vacant as this candidate
 /// saw it: the lock may have been freed any time after that attempt, and a campaign polls only
 /// every retry interval plus jitter, so the value can exceed the true vacancy by up to one such
-/// wait. A candidate that wins at its first attempt records 0.
+/// wait. A candidate that wins at its first attempt records how long that attempt took.
 ///
 /// # Scheduled jobs
 ///
@@ -215,7 +215,7 @@ pub mod via {
 /// in [`JOB_SKIPS`](metrics::JOB_SKIPS) by [`Skip::as_str`](crate::schedule::Skip::as_str),
 /// anything else in [`JOB_RUNS`](metrics::JOB_RUNS) by the span's outcome (a dropped future
 /// counts as `cancelled`). [`JOB_OVERRUNS`](metrics::JOB_OVERRUNS) counts the bodies cut off at
-/// the max hold when they are cut off, even if the run is then dropped before it returns.
+/// the end of their hold (the max hold, or later once extended) when they are cut off, even if the run is then dropped before it returns.
 ///
 /// # Buckets
 ///
@@ -250,7 +250,8 @@ pub mod metrics {
     pub const JOB_RUNS: &str = "pglock.job.runs";
     /// Counter of skipped runs, by [`job::REASON`].
     pub const JOB_SKIPS: &str = "pglock.job.skips";
-    /// Counter of job bodies cut off at their max hold.
+    /// Counter of job bodies cut off at the end of their hold (the max hold, or later once
+    /// extended).
     pub const JOB_OVERRUNS: &str = "pglock.job.overruns";
     /// Counter of requests to extend a running job's hold, by [`job::OUTCOME`] (one of the
     /// [`job::extension`] values).

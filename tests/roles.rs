@@ -168,6 +168,55 @@ async fn scheduled_jobs_run_as_a_role_that_owns_nothing_once_the_table_is_made_a
 }
 
 #[tokio::test]
+async fn a_job_table_made_by_0_1_is_upgraded_by_its_owner_not_by_the_application_role() {
+    let sandbox = Sandbox::new("jobs_upgrade").await;
+    // pglock 0.1's table, made and granted by the migrations, without today's two columns.
+    sandbox
+        .admin(
+            "CREATE TABLE pglock_scheduled_jobs (job text PRIMARY KEY, \
+             window_start timestamptz NOT NULL, runs bigint NOT NULL, claimed_by text, \
+             claimed_at timestamptz NOT NULL, finished_at timestamptz, \
+             hold_until timestamptz NOT NULL)",
+        )
+        .await;
+    let grant = format!(
+        "GRANT SELECT, INSERT, UPDATE ON pglock_scheduled_jobs TO {}",
+        sandbox.role
+    );
+    sandbox.admin(&grant).await;
+    let locks = PostgresLockManager::new(sandbox.role_pool().await);
+    let store = PostgresJobStore::new(locks.pool().clone());
+    let job = ScheduledJob::builder(
+        Arc::new(locks.clone()),
+        Arc::new(store),
+        "roles-upgrade",
+        Duration::from_secs(3600),
+    )
+    .build()
+    .expect("valid");
+    match job
+        .run(|_| async {})
+        .await
+        .expect_err("the role cannot add columns")
+    {
+        schedule::Error::PermissionDenied {
+            object, privilege, ..
+        } => {
+            assert!(object.contains("extended_at, extensions"), "{object}");
+            assert_eq!(privilege, "ownership");
+        }
+        other => panic!("expected PermissionDenied, got {other:?}"),
+    }
+    sandbox
+        .admin(&pglock::schedule::JobTable::default().upgrade_ddl())
+        .await;
+    let outcome = job.run(|_| async { 7 }).await.expect("runs as the role");
+    assert_eq!(outcome.into_value(), Some(7));
+    locks.pool().close().await;
+    sandbox.remove().await;
+}
+
+#[tokio::test]
 async fn inspection_falls_back_to_lower_bounds_on_a_fencing_table_the_role_may_not_read() {
     use pglock::inspect::{Age, Inspector};
     let sandbox = Sandbox::new("inspect").await;

@@ -259,7 +259,7 @@ async fn a_body_that_outlives_the_max_hold_is_cut_off_and_the_window_stays_open(
         .expect("cut off, not hung")
         .expect_err("cut off");
     assert!(
-        matches!(err, Error::Overran { ref job, max_hold } if *job == name && max_hold == Duration::from_millis(300)),
+        matches!(err, Error::Overran { ref job, hold } if *job == name && hold == Duration::from_millis(300)),
         "{err:?}"
     );
     assert_eq!(
@@ -445,4 +445,40 @@ async fn a_table_made_by_migrations_is_used_as_it_is() {
         row(&observer, &table_name, &name).await.map(|r| r.runs),
         Some(1)
     );
+}
+
+/// The table as pglock 0.1 made it, before runs could extend their hold.
+const TABLE_OF_0_1: &str = "CREATE TABLE {} (job text PRIMARY KEY, \
+    window_start timestamptz NOT NULL, runs bigint NOT NULL, claimed_by text, \
+    claimed_at timestamptz NOT NULL, finished_at timestamptz, hold_until timestamptz NOT NULL)";
+
+#[tokio::test]
+async fn a_table_made_by_0_1_gets_the_columns_it_lacks() {
+    let observer = observer().await;
+    let (table_name, table) = private_table();
+    let old = TABLE_OF_0_1.replace("{}", &table.to_string());
+    sqlx::query(sqlx::AssertSqlSafe(old))
+        .execute(&observer)
+        .await
+        .expect("the 0.1 table");
+    let (locks, _) = manager("job-upgraded").await;
+    let name = job_name("upgraded");
+    let job = job(&locks, &table, &name)
+        .max_total_hold(2 * HOUR)
+        .build()
+        .expect("valid");
+    let (_, extension) = ran(job
+        .run(|run| async move { run.extend(HOUR).await })
+        .await
+        .expect("the role owns the table: its columns are added"));
+    assert!(!extension.expect("extended").capped);
+    let extensions: i32 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT extensions FROM {table} WHERE job = $1"
+    )))
+    .bind(&name)
+    .fetch_one(&observer)
+    .await
+    .expect("the new column");
+    assert_eq!(extensions, 1);
+    assert!(row(&observer, &table_name, &name).await.is_some());
 }

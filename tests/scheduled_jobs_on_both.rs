@@ -185,7 +185,7 @@ async fn until_next_window_is_within_a_period(backend: Backend) {
 /// A run that keeps extending its hold runs on past its max hold without being cut off;
 /// meanwhile other replicas skip, told the extended end, and the record counts the extensions.
 async fn a_run_that_extends_outlives_its_max_hold_and_the_record_shows_it(backend: Backend) {
-    const MAX_HOLD: Duration = Duration::from_millis(300);
+    const MAX_HOLD: Duration = Duration::from_millis(1000);
     let name = common::jobs::job_name("extends");
     let build = |builder: ScheduledJobBuilder| {
         builder
@@ -202,9 +202,10 @@ async fn a_run_that_extends_outlives_its_max_hold_and_the_record_shows_it(backen
             let other = other.clone();
             async move {
                 let mut extensions = Vec::new();
-                for _ in 0..4 {
-                    // A stretch of work, half the max hold, then another max hold from now.
-                    tokio::time::sleep(MAX_HOLD / 2).await;
+                for _ in 0..6 {
+                    // A stretch of work, a quarter of the max hold, then another max hold
+                    // from now: 1.5 s in all, past the max hold, with room to spare.
+                    tokio::time::sleep(MAX_HOLD / 4).await;
                     let extension = run.extend(MAX_HOLD).await.expect("extended");
                     assert!(!extension.capped);
                     let seen = other.run(|_| async {}).await.expect("no error");
@@ -234,7 +235,7 @@ async fn a_run_that_extends_outlives_its_max_hold_and_the_record_shows_it(backen
         "{extensions:?}"
     );
     let record = backend.record(&job).await;
-    assert_eq!(record.extensions, 4);
+    assert_eq!(record.extensions, 6);
     assert!(record.extended_at.is_some() && record.finished_at.is_some());
     let late = run.extend(MAX_HOLD).await;
     assert!(
@@ -276,8 +277,8 @@ async fn extensions_stop_at_the_max_total_hold(backend: Backend) {
         .await
         .expect_err("cut off at the max total hold");
     match err {
-        pglock::schedule::Error::Overran { max_hold, .. } => {
-            assert!(max_hold <= TOTAL, "held {max_hold:?} of at most {TOTAL:?}")
+        pglock::schedule::Error::Overran { hold, .. } => {
+            assert!(hold <= TOTAL, "held {hold:?} of at most {TOTAL:?}")
         }
         other => panic!("expected an overrun, got {other:?}"),
     }

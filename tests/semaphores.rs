@@ -83,6 +83,7 @@ async fn a_newcomer_is_not_starved_while_permits_turn_over() {
         if waiting.is_finished() {
             break called;
         }
+        tokio::time::sleep(Duration::from_millis(1)).await;
     };
     let permit = (&mut waiting)
         .await

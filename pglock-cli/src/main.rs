@@ -162,9 +162,11 @@ struct LockArgs {
     prefix: String,
     /// The fencing table of the managers holding the locks (table or schema.table): the grant
     /// times of exclusive holders are read from it, for exact ages. When it is missing or not
-    /// readable, ages are lower bounds (">=").
-    #[arg(long, value_name = "NAME", default_value = FencingTable::DEFAULT_NAME, value_parser = parse_fencing_table)]
-    fencing_table: FencingTable,
+    /// readable, ages are lower bounds (">="). holders reads pglock_fencing_tokens unless told
+    /// otherwise; terminate reads a table only when given one, since a holder that never
+    /// writes to it (an unfenced manager) can be shown older than it is.
+    #[arg(long, value_name = "NAME", value_parser = parse_fencing_table)]
+    fencing_table: Option<FencingTable>,
 }
 
 /// Which sessions to keep.
@@ -219,11 +221,16 @@ impl LockArgs {
         }
     }
 
-    fn inspector(&self, pool: PgPool) -> Inspector {
-        Inspector::new(pool)
+    /// An inspector of the lock(s), reading the fencing table given, or `default_table` when
+    /// none was.
+    fn inspector(&self, pool: PgPool, default_table: Option<FencingTable>) -> Inspector {
+        let inspector = Inspector::new(pool)
             .known_keys(self.key.iter().chain(&self.known_keys).cloned())
-            .application_name_prefix(Some(&self.prefix))
-            .fencing_table(self.fencing_table.clone())
+            .application_name_prefix(Some(&self.prefix));
+        match self.fencing_table.clone().or(default_table) {
+            Some(table) => inspector.fencing_table(table),
+            None => inspector,
+        }
     }
 }
 
@@ -263,7 +270,8 @@ fn execute(cli: Cli) -> Result<u8, Failure> {
             };
             runtime()?.block_on(async {
                 let pool = database.connect(1).await?;
-                let inspector = command.lock.inspector(pool.clone());
+                let inspector =
+                    (command.lock).inspector(pool.clone(), Some(FencingTable::default()));
                 let code = holders::holders(&inspector, &show).await;
                 pool.close().await;
                 code
@@ -285,7 +293,7 @@ fn execute(cli: Cli) -> Result<u8, Failure> {
             let database = database()?;
             let runtime = runtime()?;
             let pool = runtime.block_on(database.connect(1))?;
-            let inspector = command.lock.inspector(pool.clone());
+            let inspector = command.lock.inspector(pool.clone(), None);
             let args = terminate::TerminateArgs {
                 target,
                 filters: command.filters,

@@ -1,6 +1,7 @@
 //! `pglock holders --fencing-table`: the true age of a fenced exclusive holder, and `>=` before
-//! a lower bound, in the table and in JSON; what `--older-than` compares; a missing table is
-//! no failure, a malformed name a usage error.
+//! a lower bound, in the table and in JSON; what `--older-than` compares, and that `terminate`
+//! reads no fencing table unless told; a missing table is no failure, a malformed name a usage
+//! error.
 
 mod common;
 
@@ -49,8 +50,9 @@ async fn json_holder(key: &str, extra: &[&str]) -> Value {
 
 #[tokio::test]
 async fn holders_shows_true_ages_and_marks_lower_bounds() {
-    let name = unique_fencing_table_name();
-    let table = FencingTable::new(&name).expect("a valid name");
+    // The default table, which `holders` reads unless told otherwise and `terminate` does not.
+    let name = FencingTable::DEFAULT_NAME.to_owned();
+    let table = FencingTable::default();
     let (fenced, _) = one_session_manager("cli-ages-fenced", Some(&table)).await;
     let (plain, _) = one_session_manager("cli-ages-plain", None).await;
     let (a, c) = (key("cli-fenced"), key("cli-plain"));
@@ -78,7 +80,23 @@ async fn holders_shows_true_ages_and_marks_lower_bounds() {
     // though C was taken with A.
     let older = ["--older-than", "300ms", "--fencing-table", name.as_str()];
     assert_eq!(holders(&a, &older).await.status.code(), Some(0));
+    // C's lower bound has been growing since its session's last statement: a statement now
+    // restarts it, as a busy lock session's would.
+    keep_busy(&plain, Instant::now(), Duration::ZERO).await;
     assert_eq!(holders(&c, &older).await.status.code(), Some(3));
+
+    // terminate trusts a fencing table only when told to: without one, A's age is a lower
+    // bound, restarted by its session's latest statement, and A is not old enough to end.
+    keep_busy(&fenced, Instant::now(), Duration::ZERO).await;
+    let out = output(pglock_on_db(&[
+        "terminate",
+        &a,
+        "--older-than",
+        "300ms",
+        "--yes",
+    ]))
+    .await;
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
 
     // A table that does not exist is no failure: lower bounds.
     let missing = unique_fencing_table_name();

@@ -37,11 +37,20 @@ pub(super) async fn read(
         .await
     {
         Ok(rows) => rows,
-        Err(sqlx::Error::Database(err)) => {
+        // The server or the connection failed: the inspection fails as any query would.
+        Err(
+            err @ (sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Protocol(_)),
+        ) => return Err(err),
+        // The table answered, but not as expected (refused, or columns of other types):
+        // the ages stay lower bounds.
+        Err(err) => {
             tracing::debug!(table = %table, error = %err, "fencing table unreadable; ages stay lower bounds");
             return Ok(());
         }
-        Err(err) => return Err(err),
     };
     let minted: HashMap<i64, DateTime<Utc>> = rows.into_iter().collect();
     for report in reports {

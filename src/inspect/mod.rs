@@ -515,6 +515,7 @@ pub struct Session {
 /// How to read a [`Session`]'s [`since`](Session::since) and
 /// [`held_or_waited_for`](Session::held_or_waited_for).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Age {
     /// Exact: a waiter's wait start, or an exclusive holder's grant read from the
     /// [fencing table](Inspector::fencing_table).

@@ -41,7 +41,10 @@ impl JobMetrics {
                     "Scheduled runs that did not skip, by outcome",
                 ),
                 skips: counter(names::JOB_SKIPS, "Scheduled runs skipped, by reason"),
-                overruns: counter(names::JOB_OVERRUNS, "Job bodies cut off at their max hold"),
+                overruns: counter(
+                    names::JOB_OVERRUNS,
+                    "Job bodies cut off at the end of their hold",
+                ),
                 extensions: counter(
                     names::JOB_EXTENSIONS,
                     "Requests to extend a running job's hold, by outcome",

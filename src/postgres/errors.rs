@@ -13,7 +13,7 @@ const TOO_MANY_CONNECTIONS: &str = "53300";
 /// SQLSTATE `out_of_memory`: for a lock statement, the shared lock table is full.
 const OUT_OF_MEMORY: &str = "53200";
 /// SQLSTATE `insufficient_privilege`.
-const INSUFFICIENT_PRIVILEGE: &str = "42501";
+pub(crate) const INSUFFICIENT_PRIVILEGE: &str = "42501";
 
 pub(crate) fn has_sqlstate(err: &sqlx::Error, code: &str) -> bool {
     err.as_database_error()

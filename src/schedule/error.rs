@@ -54,12 +54,12 @@ pub enum Error {
 
     /// The body ran for its whole hold and was cut off (its future dropped). The window did
     /// not complete and may run again.
-    #[error("Scheduled job '{job}' was cut off after its hold of {max_hold:?}")]
+    #[error("Scheduled job '{job}' was cut off after its hold of {hold:?}")]
     Overran {
         /// The job's name.
         job: String,
         /// The hold it ran for: the max hold, plus what the run's extensions added.
-        max_hold: Duration,
+        hold: Duration,
     },
 
     /// [`JobRun::extend`](super::JobRun::extend) was called for a run that is over: its body

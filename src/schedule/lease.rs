@@ -3,10 +3,9 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{RwLock, watch};
 use tokio::time::{Instant, sleep_until};
 
 use super::{Error, Extension, Inner, JobRun, Result};
@@ -20,7 +19,10 @@ pub(super) struct Lease {
     /// before the claim the store stamped a little later expires.
     claimed: Instant,
     deadline: watch::Sender<Instant>,
-    ended: AtomicBool,
+    /// True once the run is over. An extension holds it for reading until the store has
+    /// answered, and ending the run takes it for writing, so no extension lands in the store
+    /// after the run has finished or been given up.
+    ended: RwLock<bool>,
 }
 
 impl Lease {
@@ -32,7 +34,7 @@ impl Lease {
             run,
             claimed,
             deadline,
-            ended: AtomicBool::new(false),
+            ended: RwLock::new(false),
         })
     }
 
@@ -41,9 +43,9 @@ impl Lease {
         self.run
     }
 
-    /// The run is over: it can no longer extend.
-    pub(super) fn end(&self) {
-        self.ended.store(true, Ordering::SeqCst);
+    /// The run is over: it can no longer extend. Waits for an extension under way.
+    pub(super) async fn end(&self) {
+        *self.ended.write().await = true;
     }
 
     /// How long the run may hold the job now, from its claim: the max hold plus extensions.
@@ -93,7 +95,8 @@ impl Lease {
             job: spec.name.clone(),
             run: self.run,
         };
-        if self.ended.load(Ordering::SeqCst) {
+        let ended = self.ended.read().await;
+        if *ended {
             return Err(not_running());
         }
         // More than the max total hold is capped anyway; bounding it keeps the arithmetic in
@@ -104,6 +107,7 @@ impl Lease {
             .extend(spec, self.run, by)
             .await?
             .ok_or_else(not_running)?;
+        drop(ended);
         let end = later(asked, by).min(later(self.claimed, spec.max_total_hold));
         self.deadline.send_if_modified(|deadline| {
             let longer = end > *deadline;
@@ -127,7 +131,7 @@ impl fmt::Debug for Lease {
         f.debug_struct("Lease")
             .field("run", &self.run)
             .field("hold", &self.hold())
-            .field("ended", &self.ended.load(Ordering::SeqCst))
+            .field("ended", &self.ended.try_read().map(|ended| *ended).ok())
             .finish_non_exhaustive()
     }
 }

@@ -310,7 +310,7 @@ impl ScheduledJob {
         let lease = Arc::clone(&run.lease);
         let run_body = async { lease.cut_off(body(run.clone())).await.ok_or(Ended::Overran) };
         let ended = (guard.section(run_body).await).unwrap_or_else(|cause| Err(Ended::Lost(cause)));
-        claim.lease.end();
+        claim.lease.end().await;
         match ended {
             Ok(value) => {
                 if let Err(err) = claim.finish().await {
@@ -328,7 +328,7 @@ impl ScheduledJob {
                 release(guard).await;
                 Err(Error::Overran {
                     job: self.inner.spec.name.clone(),
-                    max_hold: lease.hold(),
+                    hold: lease.hold(),
                 })
             }
             Err(Ended::Lost(cause)) => {
@@ -444,14 +444,15 @@ impl Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        self.lease.end();
         if !self.armed {
             return;
         }
         // Without a runtime (it is shutting down) the claim simply expires at the max hold.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (inner, run) = (Arc::clone(&self.inner), self.run);
+            let (inner, lease, run) = (Arc::clone(&self.inner), Arc::clone(&self.lease), self.run);
             runtime.spawn(async move {
+                // First end the run, so that no extension lands after the claim is given up.
+                lease.end().await;
                 if let Err(err) = inner.store.abandon(&inner.spec, run).await {
                     tracing::warn!(error = %err, job = %inner.spec.name, "a dropped run's claim could not be given up");
                 }

@@ -6,11 +6,12 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
-use sqlx::{PgPool, Postgres, Row};
+use sqlx::{PgConnection, PgPool, Postgres, Row};
 use tokio::sync::OnceCell;
 
 use super::store::{Extension, JobRecord, JobSpec, JobState, JobStore, micros};
 use super::{Error, JobTable, Result};
+use crate::postgres::errors::{INSUFFICIENT_PRIVILEGE, has_sqlstate};
 use crate::postgres::table::Unready;
 
 /// A [`JobStore`] in a PostgreSQL table ([`JobTable`]): the record survives restarts of every
@@ -93,6 +94,38 @@ impl PostgresJobStore {
             .bind(micros(spec.skew_tolerance))
     }
 
+    /// Adds the columns a table made by an earlier version lacks (see
+    /// [`JobTable::upgrade_ddl`]). Adding columns takes the table's owner: any other role is
+    /// told which columns are missing, as a missing privilege.
+    async fn add_missing_columns(&self, conn: &mut PgConnection, spec: &JobSpec) -> Result<()> {
+        let missing: Vec<String> = sqlx::query_scalar(JobTable::missing_columns())
+            .bind(self.table.table().quoted())
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(storage(spec, "look up the job table's columns"))?;
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let added = sqlx::raw_sql(sqlx::AssertSqlSafe(self.table.upgrade_ddl()))
+            .execute(&mut *conn)
+            .await;
+        match added {
+            Ok(_) => Ok(()),
+            Err(err) if has_sqlstate(&err, INSUFFICIENT_PRIVILEGE) => {
+                Err(Error::PermissionDenied {
+                    job: spec.name.clone(),
+                    object: format!(
+                        "table {}, to add its missing columns {} (JobTable::upgrade_ddl)",
+                        self.table,
+                        missing.join(", ")
+                    ),
+                    privilege: "ownership".to_owned(),
+                })
+            }
+            Err(err) => Err(storage(spec, "add the job table's new columns")(err)),
+        }
+    }
+
     /// Runs the finish or abandon statement for `run`; returns whether it changed the record.
     async fn settle(
         &self,
@@ -126,7 +159,7 @@ impl JobStore for PostgresJobStore {
                     .prepare(&mut conn, &self.table.ddl(), "pglock:job-table-setup")
                     .await;
                 match prepared {
-                    Ok(()) => Ok(()),
+                    Ok(()) => self.add_missing_columns(&mut conn, spec).await,
                     Err(Unready::Denied { object, privilege }) => Err(Error::PermissionDenied {
                         job: spec.name.clone(),
                         object,

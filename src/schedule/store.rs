@@ -231,6 +231,14 @@ pub struct Extension {
     pub capped: bool,
 }
 
+impl Extension {
+    /// What a store's extension did: the hold now ends at `hold_until`, short of what was
+    /// asked if `capped`.
+    pub fn new(hold_until: DateTime<Utc>, capped: bool) -> Self {
+        Extension { hold_until, capped }
+    }
+}
+
 /// Where a [`ScheduledJob`](super::ScheduledJob) keeps its record: the port its stores
 /// implement.
 ///

@@ -36,6 +36,11 @@ use crate::postgres::table::OwnTable;
 /// GRANT SELECT, INSERT, UPDATE ON pglock_scheduled_jobs TO app;
 /// ```
 ///
+/// A table made by pglock 0.1 lacks the last two columns. A job adds them before its first run
+/// when its role owns the table; for any other role the run fails with
+/// [`Error::PermissionDenied`](super::Error::PermissionDenied) naming them, and
+/// [`upgrade_ddl`](JobTable::upgrade_ddl), run by the owner, adds them.
+///
 /// [`ScheduledJob::prepare`](super::ScheduledJob::prepare) runs the check up front.
 ///
 /// ```
@@ -82,6 +87,31 @@ impl JobTable {
              extended_at timestamptz)",
             self.table.quoted()
         )
+    }
+
+    /// The statement that adds the columns a table made by pglock 0.1 lacks (`extensions`,
+    /// `extended_at`, for [`JobRun::extend`](super::JobRun::extend)); it changes nothing on a
+    /// table that has them. A job adds them itself when its role owns the table; otherwise run
+    /// it in your migrations, as the table's owner.
+    ///
+    /// ```
+    /// use pglock::schedule::JobTable;
+    /// assert!(JobTable::default().upgrade_ddl().starts_with("ALTER TABLE \"pglock_scheduled_jobs\""));
+    /// ```
+    pub fn upgrade_ddl(&self) -> String {
+        format!(
+            "ALTER TABLE {} ADD COLUMN IF NOT EXISTS extensions integer NOT NULL DEFAULT 0, \
+             ADD COLUMN IF NOT EXISTS extended_at timestamptz",
+            self.table.quoted()
+        )
+    }
+
+    /// The columns of [`upgrade_ddl`](Self::upgrade_ddl) that the table `$1` (quoted) lacks.
+    pub(super) fn missing_columns() -> &'static str {
+        "SELECT coalesce(array_agg(c ORDER BY c), '{}') \
+         FROM unnest(ARRAY['extended_at', 'extensions']) AS c \
+         WHERE NOT EXISTS (SELECT FROM pg_attribute \
+           WHERE attrelid = to_regclass($1) AND attname = c AND NOT attisdropped)"
     }
 
     /// The job's row next to the database's clock and current window. Parameters: `$1` job,
