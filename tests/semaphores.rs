@@ -35,48 +35,19 @@ fn semaphore(locks: PostgresLockManager, name: &str, permits: usize) -> Semaphor
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newcomer_is_not_starved_while_permits_turn_over() {
     let name = common::key("semaphore-fair");
-    let grants = Arc::new(AtomicUsize::new(0));
-    let (warm_tx, mut warm) = watch::channel(0usize);
-    let warm_tx = Arc::new(warm_tx);
-    let stop = CancellationToken::new();
-    let mut callers = tokio::task::JoinSet::new();
-    for _ in 0..3 {
-        let semaphore = semaphore(manager("semaphore-fair", 4).await, &name, 2);
-        for _ in 0..2 {
-            let (semaphore, grants, warm_tx, stop) = (
-                semaphore.clone(),
-                Arc::clone(&grants),
-                Arc::clone(&warm_tx),
-                stop.clone(),
-            );
-            callers.spawn(async move {
-                while !stop.is_cancelled() {
-                    let permit = semaphore.acquire(Some(BOUND)).await.expect("a permit");
-                    let granted = grants.fetch_add(1, Ordering::SeqCst) + 1;
-                    warm_tx.send_replace(granted);
-                    tokio::task::yield_now().await;
-                    permit.release().await.expect("release");
-                }
-            });
-        }
-    }
-    // Permits are turning over before the newcomer arrives.
-    warm.wait_for(|granted| *granted >= 30)
-        .await
-        .expect("callers run");
-
+    let turnover = Turnover::start(&name).await;
     let app = common::app_name("semaphore-fair-new");
     let newcomer = common::manager_for(common::pool_named(2, &app).await, &app).build();
     warm_up(&newcomer).await;
     let newcomer = semaphore(newcomer, &name, 2);
-    let called = grants.load(Ordering::SeqCst);
+    let called = turnover.grants();
     let mut waiting = tokio::spawn(async move { newcomer.acquire(Some(BOUND)).await });
     // It arrives when the server queues its wait for the turnstile (or when it is granted
     // the turnstile without waiting): count from there, not from the call.
     let observer = common::observer().await;
     let arrived = loop {
         let queued = queued_behind(&observer, &format!("pglock:{app}")).await;
-        let now = grants.load(Ordering::SeqCst);
+        let now = turnover.grants();
         if queued {
             break now;
         }
@@ -89,12 +60,9 @@ async fn a_newcomer_is_not_starved_while_permits_turn_over() {
         .await
         .expect("the newcomer")
         .expect("the newcomer gets a permit while the others keep coming back");
-    let passed = grants.load(Ordering::SeqCst) - arrived;
-    stop.cancel();
+    let passed = turnover.grants() - arrived;
     permit.release().await.expect("release");
-    while let Some(caller) = callers.join_next().await {
-        caller.expect("a caller");
-    }
+    turnover.stop().await;
     eprintln!(
         "semaphore fairness: {passed} grants to others between the newcomer's arrival and its permit"
     );
@@ -105,6 +73,63 @@ async fn a_newcomer_is_not_starved_while_permits_turn_over() {
         passed <= 3 * 17 + 2,
         "the newcomer waited through {passed} grants to others"
     );
+}
+
+/// Six callers on three managers taking and giving back the two permits of semaphore `name`
+/// as fast as they can, counting the permits they get.
+struct Turnover {
+    grants: Arc<AtomicUsize>,
+    stop: CancellationToken,
+    callers: tokio::task::JoinSet<()>,
+}
+
+impl Turnover {
+    /// Starts the callers, and returns once permits are turning over.
+    async fn start(name: &str) -> Turnover {
+        let grants = Arc::new(AtomicUsize::new(0));
+        let (warm_tx, mut warm) = watch::channel(0usize);
+        let warm_tx = Arc::new(warm_tx);
+        let stop = CancellationToken::new();
+        let mut callers = tokio::task::JoinSet::new();
+        for _ in 0..3 {
+            let semaphore = semaphore(manager("semaphore-fair", 4).await, name, 2);
+            for _ in 0..2 {
+                let (semaphore, grants, warm_tx, stop) = (
+                    semaphore.clone(),
+                    Arc::clone(&grants),
+                    Arc::clone(&warm_tx),
+                    stop.clone(),
+                );
+                callers.spawn(async move {
+                    while !stop.is_cancelled() {
+                        let permit = semaphore.acquire(Some(BOUND)).await.expect("a permit");
+                        warm_tx.send_replace(grants.fetch_add(1, Ordering::SeqCst) + 1);
+                        tokio::task::yield_now().await;
+                        permit.release().await.expect("release");
+                    }
+                });
+            }
+        }
+        warm.wait_for(|granted| *granted >= 30)
+            .await
+            .expect("callers run");
+        Turnover {
+            grants,
+            stop,
+            callers,
+        }
+    }
+
+    fn grants(&self) -> usize {
+        self.grants.load(Ordering::SeqCst)
+    }
+
+    async fn stop(mut self) {
+        self.stop.cancel();
+        while let Some(caller) = self.callers.join_next().await {
+            caller.expect("a caller");
+        }
+    }
 }
 
 /// Permits go in arrival order: four callers on managers of their own (as four processes)
