@@ -321,21 +321,7 @@ async fn a_held_job_lock_means_busy_and_a_lost_one_cancels_the_body() {
     held.release().await.expect("release");
 
     // The job's lock is lost mid-run: the body is cancelled, the claim given up.
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-    let running = tokio::spawn({
-        let job = job.clone();
-        async move {
-            job.run(|_| async move {
-                let _ = started_tx.send(());
-                std::future::pending::<()>().await
-            })
-            .await
-        }
-    });
-    tokio::time::timeout(Duration::from_secs(10), started_rx)
-        .await
-        .expect("the body starts")
-        .expect("sent");
+    let running = common::jobs::spawn_endless_run(&job).await;
     let pid = common::lock_rows(&observer, job.lock_key().target().packed()).await[0].pid;
     sqlx::query("SELECT pg_terminate_backend($1)")
         .bind(pid)

@@ -91,20 +91,7 @@ async fn a_run_whose_lock_is_taken_away_is_cancelled_and_the_window_stays_open(b
     let name = common::jobs::job_name("taken-away");
     let (locks, builder) = backend.job(&name).await;
     let job = builder.build().expect("valid");
-    let (started_tx, started) = tokio::sync::oneshot::channel();
-    let running = tokio::spawn({
-        let job = job.clone();
-        async move {
-            job.run(|_| async move {
-                let _ = started_tx.send(());
-                std::future::pending::<()>().await
-            })
-            .await
-        }
-    });
-    common::within("the body starts", started)
-        .await
-        .expect("started");
+    let running = common::jobs::spawn_endless_run(&job).await;
     locks
         .release(job.lock_key())
         .await
@@ -151,20 +138,7 @@ async fn a_dropped_run_gives_its_claim_up(backend: Backend) {
     let name = common::jobs::job_name("dropped");
     let (_, builder) = backend.job(&name).await;
     let job = builder.build().expect("valid");
-    let (started_tx, started) = tokio::sync::oneshot::channel();
-    let running = tokio::spawn({
-        let job = job.clone();
-        async move {
-            job.run(|_| async move {
-                let _ = started_tx.send(());
-                std::future::pending::<()>().await
-            })
-            .await
-        }
-    });
-    common::within("the body starts", started)
-        .await
-        .expect("started");
+    let running = common::jobs::spawn_endless_run(&job).await;
     running.abort();
     assert!(running.await.expect_err("aborted").is_cancelled());
     // The claim is given up in the background, and the lock released: the window runs again.

@@ -215,3 +215,23 @@ macro_rules! on_both {
     };
 }
 pub(crate) use on_both;
+
+/// A run of `job`, spawned, whose body never ends: returned once the body has started, so the
+/// caller can take its lock away, abort it, or look at its claim.
+pub async fn spawn_endless_run(
+    job: &ScheduledJob,
+) -> tokio::task::JoinHandle<pglock::schedule::Result<pglock::schedule::RunOutcome<()>>> {
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let job = job.clone();
+    let running = tokio::spawn(async move {
+        job.run(|_| async move {
+            let _ = started_tx.send(());
+            std::future::pending::<()>().await
+        })
+        .await
+    });
+    super::within("the body starts", started)
+        .await
+        .expect("started");
+    running
+}
