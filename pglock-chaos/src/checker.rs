@@ -1,0 +1,1 @@
+//! Checks a history.

@@ -1,0 +1,19 @@
+//! A chaos suite for pglock, in the manner of Jepsen's lock tests.
+//!
+//! Worker processes take locks and do fenced work while a seeded nemesis injects faults. Every
+//! operation is recorded in a history of JSON lines ([`history`]), and a checker reads the
+//! whole history afterwards ([`checker`]): safety anomalies, and how long the workload took to
+//! make progress again after each fault healed.
+//!
+//! | module | what it holds |
+//! | --- | --- |
+//! | [`history`] | the records of a run, one JSON object per line |
+//! | [`checker`] | anomalies and liveness, from a history |
+//! | [`svg`] | a picture of a run's timeline, with its faults |
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod checker;
+pub mod history;
+pub mod svg;
