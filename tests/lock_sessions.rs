@@ -70,9 +70,12 @@ async fn ten_thousand_keys_are_held_at_once_on_the_default_pool_of_a_stock_serve
     // The default budget (max_locks_per_transaction x the pool's connections: 640 here) keeps
     // a manager within its share of the server's lock table; holding 10,000 keys takes a
     // budget raised on purpose. The connections they cost are what this test is about.
+    // Pinged four times a second (the default grace of 2 s): the held sessions are checked
+    // while the server is saturated below.
     let locks = PostgresLockManager::builder(pool.clone())
         .holder_id(&app)
         .lock_budget(KEYS)
+        .probe_interval(Duration::from_millis(250))
         .build();
 
     let mut tasks = Vec::new();
@@ -113,6 +116,19 @@ async fn ten_thousand_keys_are_held_at_once_on_the_default_pool_of_a_stock_serve
         pool.size()
     );
 
+    // A server with both cores busy for 5 s: no healthy lock may be declared lost.
+    saturate_the_server(&server.url(), Duration::from_secs(5)).await;
+    let lost: Vec<_> = guards
+        .iter()
+        .filter_map(|guard| guard.loss_signal().cause())
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} false losses: {:?}",
+        lost.len(),
+        &lost[..lost.len().min(3)]
+    );
+
     let mut releases = Vec::new();
     for chunk in chunked(guards, TASKS) {
         releases.push(tokio::spawn(async move {
@@ -126,6 +142,30 @@ async fn ten_thousand_keys_are_held_at_once_on_the_default_pool_of_a_stock_serve
     }
     assert_eq!(locks.held_lock_count(), 0);
     assert!(locks_by_pid(&observer, &app).await.is_empty());
+}
+
+/// Keeps the server's CPUs busy for `period`: three backends counting until their
+/// `statement_timeout` ends them.
+async fn saturate_the_server(url: &str, period: Duration) {
+    let options: PgConnectOptions = url.parse().expect("url");
+    let timeout_ms = period.as_millis();
+    let busy = PgPoolOptions::new()
+        .max_connections(3)
+        .connect_with(options.options([("statement_timeout", format!("{timeout_ms}ms"))]))
+        .await
+        .expect("connect");
+    let burners = (0..3).map(|_| {
+        let busy = busy.clone();
+        tokio::spawn(async move {
+            sqlx::query("SELECT count(*) FROM generate_series(1, 10000000000::int8)")
+                .execute(&busy)
+                .await
+        })
+    });
+    for burner in burners.collect::<Vec<_>>() {
+        let ended = burner.await.expect("join");
+        assert!(ended.is_err(), "the statement timeout ends the busy loop");
+    }
 }
 
 fn chunked<T>(items: Vec<T>, parts: usize) -> Vec<Vec<T>> {

@@ -8,7 +8,7 @@
 //! | `sessions.rs` | a manager's set of lock sessions: open, pick, retire |
 //! | `lock_session.rs` | one lock session and the task that owns its connection |
 //! | `wait.rs`, `wait_session.rs` | contended waits on sessions of their own, and reuse of those |
-//! | `monitor.rs` | lost-lock detection |
+//! | `monitor.rs` | turning a session's end into the loss of exactly its locks |
 //! | `statements.rs`, `fencing.rs`, `errors.rs` | SQL, fencing tokens, error classification |
 
 mod backend;
@@ -68,8 +68,8 @@ use crate::core::{Core, delegate_lock_manager};
 /// | a key this process waits for on the server | one per key, for the wait and then for as long as the lock is held; the manager's other tasks that want the same key queue in-process behind it |
 ///
 /// So a process needs at most `lock_sessions + (keys it waits for at once)` connections of its
-/// pool for locks, whatever the number of locks it holds. Lost-lock detection adds one
-/// connection of its own, outside the pool, while locks are held.
+/// pool for locks, whatever the number of locks it holds, and no other connection: lost-lock
+/// detection rides on the sessions themselves.
 ///
 /// # The server's lock table, and the budget
 ///
@@ -126,18 +126,25 @@ use crate::core::{Core, delegate_lock_manager};
 ///   reported lost. Nothing the manager changes on a session (its `application_name`) outlives
 ///   the manager's use of it.
 ///
-/// # Lost locks
+/// # Lost locks, and silent holders
 ///
-/// While it holds locks, the manager checks once per
-/// [`probe_interval`](PostgresLockManagerBuilder::probe_interval) that the server still holds
-/// each of them: one query on a dedicated connection, for all locks at once. A lock whose
-/// session ended (terminated, timed out, server restarted) is declared lost within about one
-/// interval, and at once when the manager sees one of its lock sessions close; exactly the
-/// locks of that session are lost, the others are untouched. When the server cannot be asked,
-/// held locks are declared lost once the interval plus
-/// [`probe_grace`](PostgresLockManagerBuilder::probe_grace) has passed since they were last
-/// confirmed. A lost lock leaves the registry and its guard's
-/// [`loss_signal`](crate::LockGuard::loss_signal) fires. `docs/failure-model.md` has the measured latencies and the limits.
+/// Every session holding locks is kept heard: when nothing on it has been answered for
+/// [`probe_interval`](PostgresLockManagerBuilder::probe_interval), the manager pings it (a bare
+/// protocol `Sync`). A session's locks live exactly as long as the session, so the answer
+/// confirms every lock on it, at a cost that does not grow with their number. A ping that
+/// fails (the session was terminated, the server restarted or failed over) declares that
+/// session's locks lost within about one interval; a ping unanswered for
+/// [`probe_grace`](PostgresLockManagerBuilder::probe_grace) does too, and a session the manager
+/// closes loses its locks at once. Exactly the locks of that session are lost, the others are
+/// untouched. A lost lock leaves the registry and its guard's
+/// [`loss_signal`](crate::LockGuard::loss_signal) fires.
+///
+/// The server, for its part, ends a session it has not heard from for the
+/// [`silence_timeout`](PostgresLockManagerBuilder::silence_timeout) (20 s by default; set on each
+/// session as `idle_session_timeout`, with TCP timeouts to match): a process that is frozen or
+/// cut off from the server loses its locks within that bound, and learns it
+/// ([`LossCause::Expired`](crate::LossCause::Expired)) before its work under the guard is polled
+/// again. `docs/failure-model.md` has the measured latencies and the limits.
 ///
 /// # Cancel safety
 ///
