@@ -3,6 +3,11 @@
 //! Times are microseconds of `CLOCK_MONOTONIC`, which every process on one machine shares, so
 //! the records of all workers and of the nemesis can be compared directly ([`now_us`]).
 
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
 use serde::{Deserialize, Serialize};
 
 /// Microseconds of the machine's monotonic clock, comparable across its processes.
@@ -72,4 +77,147 @@ pub enum Outcome {
     Fail,
     /// Unknown: the worker cannot tell (a broken connection mid-write, a killed process).
     Info,
+}
+
+impl Op {
+    /// Every kind of operation, in the order reports list them.
+    pub const ALL: [Op; 9] = [
+        Op::Section,
+        Op::Increment,
+        Op::Term,
+        Op::Job,
+        Op::Fault,
+        Op::ResourceStart,
+        Op::ResourceEnd,
+        Op::ResourceAppend,
+        Op::CounterFinal,
+    ];
+
+    /// The name the history spells it with (`"resource_start"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Section => "section",
+            Op::Increment => "increment",
+            Op::Term => "term",
+            Op::Job => "job",
+            Op::Fault => "fault",
+            Op::ResourceStart => "resource_start",
+            Op::ResourceEnd => "resource_end",
+            Op::ResourceAppend => "resource_append",
+            Op::CounterFinal => "counter_final",
+        }
+    }
+
+    /// Whether it is a worker's unit of progress: what liveness waits for after a fault.
+    pub fn is_progress(self) -> bool {
+        matches!(self, Op::Section | Op::Increment | Op::Term | Op::Job)
+    }
+}
+
+impl Outcome {
+    /// Every outcome, in the order reports list them.
+    pub const ALL: [Outcome; 3] = [Outcome::Ok, Outcome::Fail, Outcome::Info];
+
+    /// The name the history spells it with (`"ok"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Fail => "fail",
+            Outcome::Info => "info",
+        }
+    }
+}
+
+/// Reads a history file of JSON lines (see [`parse_jsonl`] for what it tolerates).
+pub fn read_jsonl(path: impl AsRef<Path>) -> io::Result<Vec<Record>> {
+    let path = path.as_ref();
+    let text = std::fs::read_to_string(path)?;
+    parse_jsonl(&text).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+}
+
+/// Parses a history of JSON lines, one [`Record`] per line.
+///
+/// Blank lines are skipped. A last line that has no newline and does not parse is dropped:
+/// it is the in-flight write of a process killed mid-line, and the operation it described
+/// stays unknown, as it would had the line never been started. Any other line that does not
+/// parse is an error ([`io::ErrorKind::InvalidData`]) naming its line number.
+pub fn parse_jsonl(text: &str) -> io::Result<Vec<Record>> {
+    let torn_tail = !text.is_empty() && !text.ends_with('\n');
+    let lines: Vec<&str> = text.lines().collect();
+    let mut records = Vec::with_capacity(lines.len());
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str(line) {
+            Ok(record) => records.push(record),
+            Err(_) if torn_tail && i + 1 == lines.len() => {}
+            Err(e) => {
+                let message = format!("line {}: {e}", i + 1);
+                return Err(io::Error::new(io::ErrorKind::InvalidData, message));
+            }
+        }
+    }
+    Ok(records)
+}
+
+/// Writes a whole history as JSON lines, replacing the file (for the resource's read-back).
+pub fn write_jsonl(path: impl AsRef<Path>, records: &[Record]) -> io::Result<()> {
+    let mut text = Vec::new();
+    for record in records {
+        serde_json::to_writer(&mut text, record)?;
+        text.push(b'\n');
+    }
+    std::fs::write(path, text)
+}
+
+/// Appends records to a history file, one JSON line per record, as they happen.
+///
+/// Each line goes to the kernel in one `write` as soon as it is recorded (no user-space
+/// buffer), so a process killed with `SIGKILL` loses at most the operation it was doing. The
+/// file is opened for appending: several processes may share one file, as `O_APPEND` writes
+/// of a line do not interleave. `&self` methods with an internal mutex let the tasks of one
+/// process share a writer (in an `Arc`); the lock is held only for the write itself, a short
+/// blocking call that async tasks may make directly.
+#[derive(Debug)]
+pub struct HistoryWriter {
+    path: PathBuf,
+    file: Mutex<File>,
+}
+
+impl HistoryWriter {
+    /// Opens `path` for appending, creating it if needed.
+    pub fn append(path: impl AsRef<Path>) -> io::Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let file = OpenOptions::new().create(true).append(true).open(&path)?;
+        Ok(Self {
+            path,
+            file: Mutex::new(file),
+        })
+    }
+
+    /// Appends one record as a line.
+    pub fn write(&self, record: &Record) -> io::Result<()> {
+        // Serialised before taking the lock, and written whole, so lines never mix.
+        let mut line = serde_json::to_vec(record)?;
+        line.push(b'\n');
+        self.file().write_all(&line)
+    }
+
+    /// Forces the lines written so far to disk (only needed to survive a machine crash; a
+    /// killed process loses nothing the kernel already has).
+    pub fn sync(&self) -> io::Result<()> {
+        self.file().sync_data()
+    }
+
+    /// The file it appends to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn file(&self) -> MutexGuard<'_, File> {
+        // A task that panicked while holding the lock left whole lines or none: the file is
+        // still fine to write to.
+        self.file.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
