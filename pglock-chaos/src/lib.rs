@@ -17,3 +17,17 @@
 pub mod checker;
 pub mod history;
 pub mod svg;
+
+// The run: the servers, the proxies, the workers and their workload, the nemesis.
+pub mod cluster;
+pub mod collect;
+pub mod nemesis;
+pub mod proxy;
+pub mod resource;
+pub mod rng;
+pub mod run;
+pub mod spec;
+pub mod summary;
+pub mod worker;
+pub mod workers;
+pub mod workload;
