@@ -326,3 +326,8 @@ pub(crate) fn human_us(us: u64) -> String {
 pub(crate) fn at_s(us: u64, origin_us: u64) -> String {
     format!("{:.3} s", us.saturating_sub(origin_us) as f64 / 1e6)
 }
+
+/// `"1 anomaly"`, `"2 anomalies"`.
+pub(crate) fn count_of(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}

@@ -2,6 +2,7 @@
 
 use pglock_chaos::checker::{AnomalyKind, Bounds, Percentiles, Report, check};
 use pglock_chaos::history::{Op, Outcome, Record};
+use pglock_chaos::report::markdown;
 
 const MS: u64 = 1_000;
 const S: u64 = 1_000_000;
@@ -337,4 +338,46 @@ fn an_unrecovered_fault_breaks_its_bound_only_once_the_history_outlasts_it() {
     let report = check(&long, &Bounds::new(S));
     assert!(!report.liveness_ok(), "{report}");
     assert!(report.to_string().contains("never recovered"), "{report}");
+}
+
+#[test]
+fn the_markdown_report_has_a_table_for_each_part() {
+    let mut history = vec![
+        fault("kill", (0, S)),
+        fault("kill", (2 * S, 3 * S)),
+        fault("partition", (4 * S, 5 * S)),
+        section((0, 1_500 * MS), Outcome::Ok),
+        section((2 * S, 3_200 * MS), Outcome::Ok),
+        section((3 * S, 3_500 * MS), Outcome::Info),
+        section((3 * S, 7 * S), Outcome::Fail),
+        job("w1", "a|b", 1, 100 * MS, Outcome::Ok),
+        job("w2", "a|b", 1, 200 * MS, Outcome::Ok),
+    ];
+    let report = check(&history, &Bounds::new(S));
+    let md = markdown(&report, &history);
+    let rows = [
+        "| kill | 2 | 2.00 s | 1.00 s | server |",
+        "| partition | 1 | 1.00 s | 1.00 s | server |",
+        "| section | 2 | 1 | 1 | 4 |",
+        "| job | 2 | 0 | 0 | 2 |",
+        "| job window run twice | a\\|b |",
+        "| kill | 2 | 0 | 200.0 ms | 500.0 ms | 500.0 ms | 500.0 ms | 1.00 s | 0 |",
+        "| partition | 1 | 1 | – | – | – | – | 1.00 s | 1 |",
+        "| partition | server | 5.000 s | none in 2.00 s | 1.00 s |",
+        "**invalid**: 1 anomaly",
+        "**violated**: 1 fault recovered from too late or never",
+    ];
+    for row in rows {
+        assert!(md.contains(row), "{row} in:\n{md}");
+    }
+    // Without the duplicate run and with a late success, both verdicts are good.
+    history.truncate(7);
+    history.push(section((4 * S, 5_100 * MS), Outcome::Ok));
+    let report = check(&history, &Bounds::new(S));
+    let md = markdown(&report, &history);
+    assert!(md.contains("None found."), "{md}");
+    assert!(
+        md.contains("**ok**") && !md.contains("Over their bound"),
+        "{md}"
+    );
 }

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::{KindLiveness, Report, at_s, human_us};
+use super::{KindLiveness, Report, at_s, count_of, human_us};
 use crate::history::{Op, Outcome};
 
 /// How many anomalies or violations the summary spells out before it only counts the rest.
@@ -51,7 +51,11 @@ impl Report {
         if self.is_valid() {
             return writeln!(f, "safety: valid (no anomaly)");
         }
-        writeln!(f, "safety: INVALID, {} anomalies", self.anomalies.len())?;
+        writeln!(
+            f,
+            "safety: INVALID, {}",
+            count_of(self.anomalies.len(), "anomaly", "anomalies")
+        )?;
         for anomaly in self.anomalies.iter().take(LISTED) {
             writeln!(f, "  - {anomaly}")?;
         }
