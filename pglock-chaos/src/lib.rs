@@ -10,12 +10,14 @@
 //! | [`history`] | the records of a run, one JSON object per line |
 //! | [`checker`] | anomalies and liveness, from a history |
 //! | [`svg`] | a picture of a run's timeline, with its faults |
+//! | [`report`] | a checked run as markdown tables, for the docs |
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod checker;
 pub mod history;
+pub mod report;
 pub mod svg;
 
 // The run: the servers, the proxies, the workers and their workload, the nemesis.
