@@ -208,13 +208,13 @@ impl Nemesis {
             (None, FaultKind::Restart) => self.restart(plan.length).await,
             (None, _) => self.fail_over().await,
         };
-        let (key, outcome, note) = match result {
-            Ok(key) => (key, Outcome::Ok, None),
-            Err(err) => ("?".to_owned(), Outcome::Fail, Some(err)),
-        };
-        let detail = match note {
-            Some(note) => format!("{}: {note}", plan.kind.name()),
-            None => plan.kind.name().to_owned(),
+        // The detail is the kind alone: the checker groups faults by it.
+        let (key, outcome) = match result {
+            Ok(key) => (key, Outcome::Ok),
+            Err(err) => {
+                eprintln!("pglock-chaos: {} not injected: {err}", plan.kind.name());
+                ("?".to_owned(), Outcome::Fail)
+            }
         };
         self.collector.add(Record {
             process: "nemesis".to_owned(),
@@ -226,7 +226,7 @@ impl Nemesis {
             outcome,
             token: None,
             value: Some(plan.length.as_millis() as i64),
-            detail: Some(detail),
+            detail: Some(plan.kind.name().to_owned()),
         });
     }
 

@@ -209,3 +209,37 @@ async fn spawn_slots(
     }
     Ok(Workers::new(config.worker_exe.clone(), specs, collector))
 }
+
+/// How soon the workload must make progress after each kind of fault heals: a lost session
+/// is noticed within the probe interval plus its grace, and the lock is then taken again; a
+/// failover or a restart also waits for new connections. Generous, for a shared machine.
+pub fn bounds(timing: Timing) -> crate::checker::Bounds {
+    let noticed = (timing.probe + timing.grace).as_micros() as u64;
+    crate::checker::Bounds::new(5_000_000 + 2 * noticed)
+        .with_kind(FaultKind::Failover.name(), 15_000_000)
+        .with_kind(FaultKind::Restart.name(), 15_000_000)
+}
+
+/// Checks a run's history and writes the reports next to it: `report.txt` (the checker's
+/// report), `report.md` (markdown) and `timeline.svg`. Returns the report.
+///
+/// # Errors
+///
+/// When a file cannot be written.
+pub fn check_and_write(
+    config: &Config,
+    outcome: &Outcome,
+) -> std::io::Result<crate::checker::Report> {
+    let report = crate::checker::check(&outcome.records, &bounds(config.timing));
+    let dir = &config.out_dir;
+    std::fs::write(dir.join("report.txt"), report.to_string())?;
+    std::fs::write(
+        dir.join("report.md"),
+        crate::report::markdown(&report, &outcome.records),
+    )?;
+    std::fs::write(
+        dir.join("timeline.svg"),
+        crate::svg::timeline(&outcome.records),
+    )?;
+    Ok(report)
+}

@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use pglock_chaos::run::{Config, run};
+use pglock_chaos::run::{Config, check_and_write, run};
 use pglock_chaos::spec::{Mode, WorkerSpec};
 
 fn main() {
@@ -68,10 +68,24 @@ async fn parent(config: Config) -> i32 {
             return 1;
         }
     };
-    println!("{}", pglock_chaos::summary::figures(&outcome.records));
+    let report = match check_and_write(&config, &outcome) {
+        Ok(report) => report,
+        Err(err) => {
+            eprintln!("pglock-chaos: the reports could not be written: {err}");
+            return 1;
+        }
+    };
+    println!("{report}");
     println!("history: {}", outcome.history_path.display());
+    println!("reports: {}/report.{{txt,md}}, timeline.svg", config.out_dir.display());
     for problem in &outcome.problems {
-        println!("problem: {problem}");
+        println!("problem with the run itself: {problem}");
     }
-    i32::from(!outcome.problems.is_empty())
+    let good = report.is_valid() && report.liveness_ok() && outcome.problems.is_empty();
+    println!(
+        "seed {}: {}",
+        config.seed,
+        if good { "valid" } else { "NOT VALID (see the report)" }
+    );
+    i32::from(!good)
 }
