@@ -1,0 +1,88 @@
+//! The chaos suite's runs in the default `cargo test`: a short seeded run that must be valid
+//! and recover from every kind of fault, and a shorter negative control, whose unfenced work
+//! the checker must catch (so the checker is shown able to fail).
+//!
+//! Each run starts its own primary and standby (its restarts and failover disturb no other
+//! test); the fenced resource lives in the test run's shared server, in tables of its own.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use pglock_chaos::checker::{AnomalyKind, Report};
+use pglock_chaos::history::{Op, Outcome};
+use pglock_chaos::nemesis::{FaultKind, Pace};
+use pglock_chaos::run::{self, Config};
+use pglock_chaos::spec::Mode;
+
+/// The runs share two cores with the rest of the tests: one at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// The whole run, setup and finish included, is bounded by this.
+const RUN_DEADLINE: Duration = Duration::from_secs(120);
+
+fn config(name: &str, seed: u64, seconds: u64) -> Config {
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("chaos-{name}-{seed}"));
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_pglock-chaos"));
+    Config::new(seed, Duration::from_secs(seconds), out, exe)
+}
+
+/// Runs `config`, checks it, and returns the report and what to print if it fails.
+async fn run_and_check(config: &Config) -> (run::Outcome, Report, String) {
+    let outcome = tokio::time::timeout(RUN_DEADLINE, run::run(config))
+        .await
+        .unwrap_or_else(|_| panic!("seed {}: the run took over {RUN_DEADLINE:?}", config.seed))
+        .unwrap_or_else(|err| panic!("seed {}: the run could not be set up: {err}", config.seed));
+    let report = run::check_and_write(config, &outcome).expect("write the reports");
+    let context = format!(
+        "seed {}\n{report}\nhistory: {}\nreports: {}\nproblems: {:?}",
+        config.seed,
+        outcome.history_path.display(),
+        config.out_dir.display(),
+        outcome.problems
+    );
+    (outcome, report, context)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_run_under_every_kind_of_fault_is_valid_and_recovers() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let config = config("short", 7, 18);
+    let (outcome, report, context) = run_and_check(&config).await;
+    eprintln!("{context}");
+    assert!(outcome.problems.is_empty(), "the run itself went wrong: {context}");
+    for kind in FaultKind::ALL {
+        let injected = outcome.records.iter().any(|r| {
+            r.op == Op::Fault && r.outcome == Outcome::Ok && r.detail.as_deref() == Some(kind.name())
+        });
+        assert!(injected, "no {} fault was injected: {context}", kind.name());
+    }
+    for op in [Op::Section, Op::Increment, Op::Term, Op::Job] {
+        assert!(report.count(op, Outcome::Ok) > 0, "no {op:?} succeeded: {context}");
+    }
+    assert!(report.is_valid(), "anomalies: {context}");
+    assert!(report.liveness_ok(), "slow recovery: {context}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checker_catches_unfenced_work_in_the_negative_control() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let mut config = config("control", 11, 8);
+    config.mode = Mode::Unsafe;
+    // Backends ended under their holders, often: each stale holder writes on.
+    config.faults = vec![FaultKind::Terminate];
+    config.pace = Pace {
+        gap_ms: (60, 200),
+        overlap: 1,
+        ..config.pace
+    };
+    config.tail = Duration::from_secs(1);
+    let (_, report, context) = run_and_check(&config).await;
+    eprintln!("{context}");
+    assert!(!report.is_valid(), "the checker found nothing in the control: {context}");
+    let kinds: Vec<AnomalyKind> = report.anomalies.iter().map(|a| a.kind).collect();
+    assert!(
+        kinds.contains(&AnomalyKind::CounterMismatch) || kinds.contains(&AnomalyKind::OverlappingSections),
+        "neither lost increments nor overlapping sections: {context}"
+    );
+}
