@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use pglock_testing::TempPostgres;
 
-/// The primary, its standby, and the servers retired by failovers (kept until the run ends).
+/// The primary and its standby.
 #[derive(Debug)]
 pub struct Cluster {
     servers: Mutex<Servers>,
@@ -21,7 +21,6 @@ pub struct Cluster {
 struct Servers {
     primary: Arc<TempPostgres>,
     standby: Option<Arc<TempPostgres>>,
-    retired: Vec<Arc<TempPostgres>>,
 }
 
 impl Cluster {
@@ -35,11 +34,7 @@ impl Cluster {
         primary.configure("synchronous_commit", "on")?;
         let standby = Some(attach_standby(&primary)?);
         Ok(Cluster {
-            servers: Mutex::new(Servers {
-                primary,
-                standby,
-                retired: Vec::new(),
-            }),
+            servers: Mutex::new(Servers { primary, standby }),
         })
     }
 
@@ -80,15 +75,20 @@ impl Cluster {
     pub fn fail_over(&self) -> io::Result<u16> {
         let (old, standby) = {
             let mut servers = self.lock();
-            let standby = servers.standby.take().ok_or_else(|| io::Error::other("no standby"))?;
+            let standby = servers
+                .standby
+                .take()
+                .ok_or_else(|| io::Error::other("no standby"))?;
             (servers.primary.clone(), standby)
         };
         old.stop_immediately()?;
         standby.promote()?;
-        let mut servers = self.lock();
-        let old = std::mem::replace(&mut servers.primary, standby);
-        servers.retired.push(old);
-        Ok(servers.primary.port())
+        let port = standby.port();
+        let old = std::mem::replace(&mut self.lock().primary, standby);
+        // Deleted now (a long run fails over many times); a fault that still holds it
+        // keeps it until that fault ends.
+        drop(old);
+        Ok(port)
     }
 
     /// Makes a new synchronous standby of the current primary, for the next failover.
@@ -105,7 +105,9 @@ impl Cluster {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Servers> {
-        self.servers.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.servers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 

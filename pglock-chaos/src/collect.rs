@@ -42,14 +42,18 @@ impl Collector {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// A worker's report line: `I task json` (invoked) or `E task json` (over). Other lines
     /// are not reports.
     pub fn report(&self, line: &str) {
-        let (kind, rest) = line.split_at(line.len().min(2));
-        let Some(json) = rest.split_once(' ').map(|(_, json)| json) else {
+        // `I task json` or `E task json`; the task is in the record too.
+        let mut parts = line.splitn(3, ' ');
+        let (Some(kind), Some(_task), Some(json)) = (parts.next(), parts.next(), parts.next())
+        else {
             return;
         };
         let record: Record = match serde_json::from_str(json) {
@@ -59,10 +63,10 @@ impl Collector {
         let slot = (record.process.clone(), record.task);
         let mut state = self.lock();
         match kind {
-            "I " => {
+            "I" => {
                 state.in_flight.insert(slot, record);
             }
-            "E " => {
+            "E" => {
                 state.in_flight.remove(&slot);
                 state.push(record);
             }

@@ -141,14 +141,19 @@ impl Nemesis {
             while faults.join_next().await.is_some() {}
         });
         if healed.await.is_err() {
-            self.collector.problem("faults did not heal in time".to_owned());
+            self.collector
+                .problem("faults did not heal in time".to_owned());
         }
         counts
     }
 
     /// The next fault: a kind not yet injected if one can be now, else any that can.
     fn choose(&self, rng: &mut Rng, pending: &mut Vec<FaultKind>) -> Option<Plan> {
-        let start = if pending.is_empty() { 0 } else { rng.index(pending.len()) };
+        let start = if pending.is_empty() {
+            0
+        } else {
+            rng.index(pending.len())
+        };
         for i in 0..pending.len() {
             let kind = pending[(start + i) % pending.len()];
             if let Some(plan) = self.plan(rng, kind) {
@@ -168,7 +173,8 @@ impl Nemesis {
     /// A plan for `kind` if its target is free now.
     fn plan(&self, rng: &mut Rng, kind: FaultKind) -> Option<Plan> {
         let pace = self.pace;
-        let ms = |rng: &mut Rng, (low, high): (u64, u64)| Duration::from_millis(rng.between(low, high));
+        let ms =
+            |rng: &mut Rng, (low, high): (u64, u64)| Duration::from_millis(rng.between(low, high));
         let (slot, held, length) = match kind {
             FaultKind::Restart | FaultKind::Failover => {
                 if kind == FaultKind::Failover && !self.cluster.has_standby() {
@@ -242,7 +248,11 @@ impl Nemesis {
             FaultKind::Kill => {
                 workers.kill(slot).await;
                 tokio::time::sleep(length).await;
-                workers.restart(slot).await?;
+                if let Err(err) = workers.restart(slot).await {
+                    // The run goes on a worker short: a problem with the run itself.
+                    self.collector.problem(err.clone());
+                    return Err(err);
+                }
             }
             FaultKind::PauseShort | FaultKind::PauseLong => {
                 workers.signal(slot, Signal::STOP).await;
@@ -282,8 +292,11 @@ impl Nemesis {
             slot.proxy.retarget(port);
             slot.proxy.reset();
         }
-        let (cluster, server, collector) =
-            (self.cluster.clone(), self.server.clone(), self.collector.clone());
+        let (cluster, server, collector) = (
+            self.cluster.clone(),
+            self.server.clone(),
+            self.collector.clone(),
+        );
         tokio::spawn(async move {
             let _held = server.lock_owned().await;
             if let Err(err) = blocking(move || cluster.rebuild_standby()).await {

@@ -138,7 +138,10 @@ impl Resource {
             Err(_) => return (Write::Refused, None),
         };
         compute().await;
-        match fence.write(&self.pool, key, token, "value", value + 1).await {
+        match fence
+            .write(&self.pool, key, token, "value", value + 1)
+            .await
+        {
             Ok(()) => (Write::Accepted, Some(value + 1)),
             Err(FenceError::StaleToken { .. }) => (Write::Refused, None),
             Err(_) => (Write::Unknown, Some(value + 1)),
@@ -209,9 +212,11 @@ impl Resource {
         .fetch_all(&self.pool)
         .await?;
         let now = crate::history::now_us();
-        records.extend(counters.into_iter().map(|(key, value)| {
-            resource_record(Op::CounterFinal, key, now, None, Some(value))
-        }));
+        records.extend(
+            counters
+                .into_iter()
+                .map(|(key, value)| resource_record(Op::CounterFinal, key, now, None, Some(value))),
+        );
         Ok(records)
     }
 }

@@ -136,7 +136,9 @@ pub async fn run(config: &Config) -> Result<Outcome, String> {
         pace: config.pace,
         server: Arc::default(),
     });
-    let faults = nemesis.run(config.seed, Instant::now() + config.duration).await;
+    let faults = nemesis
+        .run(config.seed, Instant::now() + config.duration)
+        .await;
     tokio::time::sleep(config.tail).await;
     for name in workers.finish().await {
         collector.problem(format!("worker {name} did not finish in time"));
@@ -163,7 +165,10 @@ async fn prepare(config: &Config, cluster: &Cluster, prefix: &str) -> Result<Res
         .map_err(|e| format!("resource: {e}"))?;
     let resource = Resource::new(resource_pool, prefix);
     let counters: Vec<String> = names::COUNTERS.iter().map(|c| (*c).to_owned()).collect();
-    resource.create(&counters).await.map_err(|e| e.to_string())?;
+    resource
+        .create(&counters)
+        .await
+        .map_err(|e| e.to_string())?;
     let lock_pool = PgPoolOptions::new()
         .max_connections(2)
         .connect(&cluster.primary().url())
@@ -171,7 +176,10 @@ async fn prepare(config: &Config, cluster: &Cluster, prefix: &str) -> Result<Res
         .map_err(|e| format!("lock server: {e}"))?;
     let fencing = FencingTable::new(&names::fencing_table(prefix)).map_err(|e| e.to_string())?;
     let locks = crate::worker::manager(lock_pool.clone(), fencing, "setup", config.timing);
-    locks.ensure_fencing_table().await.map_err(|e| e.to_string())?;
+    locks
+        .ensure_fencing_table()
+        .await
+        .map_err(|e| e.to_string())?;
     let table = JobTable::new(&names::job_table(prefix)).map_err(|e| e.to_string())?;
     let locks: Arc<dyn LockManager> = Arc::new(locks);
     let store = Arc::new(PostgresJobStore::with_table(lock_pool.clone(), table));
@@ -193,7 +201,9 @@ async fn spawn_slots(
     let mut rng = Rng::new(config.seed ^ 0x5EED);
     let mut specs = Vec::new();
     for n in 1..=config.workers {
-        let proxy = Proxy::start(cluster.primary().port()).await.map_err(|e| e.to_string())?;
+        let proxy = Proxy::start(cluster.primary().port())
+            .await
+            .map_err(|e| e.to_string())?;
         let spec = WorkerSpec {
             name: format!("w{n}"),
             parent: std::process::id(),

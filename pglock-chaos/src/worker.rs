@@ -21,9 +21,7 @@ use crate::workload::{Ctx, Emit, Stop, run_task};
 pub async fn main(spec: WorkerSpec) -> i32 {
     // Asked first, so a parent that dies from here on takes the worker with it; a parent that
     // died before shows as a different parent pid below.
-    let _ = rustix::process::set_parent_process_death_signal(Some(
-        rustix::process::Signal::KILL,
-    ));
+    let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
     let parent = rustix::process::getppid().map_or(0, |pid| pid.as_raw_nonzero().get() as u32);
     if parent != spec.parent {
         eprintln!(
@@ -78,7 +76,8 @@ async fn context(spec: &WorkerSpec, stop: Stop) -> Result<Ctx, String> {
         .connect(&spec.resource_url)
         .await
         .map_err(|err| format!("resource: {err}"))?;
-    let fencing = FencingTable::new(&names::fencing_table(&spec.prefix)).map_err(|e| e.to_string())?;
+    let fencing =
+        FencingTable::new(&names::fencing_table(&spec.prefix)).map_err(|e| e.to_string())?;
     let holder = format!("{}-{}", spec.name, std::process::id());
     let locks = manager(lock_pool.clone(), fencing, &holder, spec.timing);
     let shared: Arc<dyn LockManager> = Arc::new(locks.clone());

@@ -53,7 +53,11 @@ struct Running {
 
 impl Workers {
     /// Worker slots for `specs`, each behind its own `proxy`; nothing is spawned yet.
-    pub fn new(exe: PathBuf, specs: Vec<(WorkerSpec, Proxy)>, collector: Arc<Collector>) -> Workers {
+    pub fn new(
+        exe: PathBuf,
+        specs: Vec<(WorkerSpec, Proxy)>,
+        collector: Arc<Collector>,
+    ) -> Workers {
         let slots = specs
             .into_iter()
             .map(|(spec, proxy)| {
@@ -99,10 +103,13 @@ impl Workers {
             .kill_on_drop(true)
             .spawn()
             .map_err(|err| format!("spawn {}: {err}", spec.name))?;
-        let pid = child.id().and_then(|id| Pid::from_raw(id as i32)).ok_or("no pid")?;
+        let pid = child
+            .id()
+            .and_then(|id| Pid::from_raw(id as i32))
+            .ok_or("no pid")?;
         let stdout = child.stdout.take().ok_or("no stdout")?;
         let (ready, is_ready) = oneshot::channel();
-        let reader = tokio::spawn(read(stdout, ready, spec.name.clone(), self.collector.clone()));
+        let reader = tokio::spawn(read(stdout, ready, self.collector.clone()));
         *slot.running.lock().await = Some(Running {
             stdin: child.stdin.take(),
             child,
@@ -159,12 +166,22 @@ impl Workers {
         }
         let mut stuck = Vec::new();
         for (name, mut r) in running {
-            if tokio::time::timeout(WORKER_DEADLINE, &mut r.reader).await.is_err() {
+            if tokio::time::timeout(WORKER_DEADLINE, &mut r.reader)
+                .await
+                .is_err()
+            {
                 stuck.push(name.clone());
                 let _ = kill_process(r.pid, Signal::KILL);
             }
-            let _ = tokio::time::timeout(WORKER_DEADLINE, r.child.wait()).await;
-            self.collector.orphan(&name, "worker ended with it in flight");
+            match tokio::time::timeout(WORKER_DEADLINE, r.child.wait()).await {
+                Ok(Ok(status)) if status.success() => {}
+                Ok(Ok(status)) => self
+                    .collector
+                    .problem(format!("worker {name} ended with {status}")),
+                _ => {}
+            }
+            self.collector
+                .orphan(&name, "worker ended with it in flight");
         }
         stuck
     }
@@ -174,7 +191,6 @@ impl Workers {
 async fn read(
     stdout: tokio::process::ChildStdout,
     ready: oneshot::Sender<()>,
-    name: String,
     collector: Arc<Collector>,
 ) {
     let mut ready = Some(ready);
@@ -188,5 +204,4 @@ async fn read(
             collector.report(&line);
         }
     }
-    let _ = name;
 }

@@ -149,7 +149,12 @@ async fn section(ctx: &Ctx, task: u32, rng: &mut Rng) {
     finish(ctx, record, outcome, p.token, None, result.err());
 }
 
-async fn safe_section(ctx: &Ctx, key: &str, hold: Duration, progress: &Shared) -> Result<(), String> {
+async fn safe_section(
+    ctx: &Ctx,
+    key: &str,
+    hold: Duration,
+    progress: &Shared,
+) -> Result<(), String> {
     let body = |info: pglock::LockInfo| async move {
         let token = info.fencing_token.expect("fencing is on");
         progress.lock().expect("progress").token = Some(token);
@@ -169,7 +174,12 @@ async fn safe_section(ctx: &Ctx, key: &str, hold: Duration, progress: &Shared) -
 
 /// The negative control's section: it goes on when the lock is lost, and writes its end
 /// without the fence.
-async fn unsafe_section(ctx: &Ctx, key: &str, hold: Duration, progress: &Shared) -> Result<(), String> {
+async fn unsafe_section(
+    ctx: &Ctx,
+    key: &str,
+    hold: Duration,
+    progress: &Shared,
+) -> Result<(), String> {
     let guard = ctx
         .locks
         .acquire(key, Some(ACQUIRE))
@@ -181,7 +191,10 @@ async fn unsafe_section(ctx: &Ctx, key: &str, hold: Duration, progress: &Shared)
     note(progress, start);
     if start == Write::Accepted {
         tokio::time::sleep(hold).await;
-        note(progress, ctx.resource.unfenced_event(key, token, "end").await);
+        note(
+            progress,
+            ctx.resource.unfenced_event(key, token, "end").await,
+        );
     }
     let _ = guard.release().await;
     Ok(())
@@ -193,7 +206,16 @@ async fn increment(ctx: &Ctx, task: u32, rng: &mut Rng) {
     let mut record = ctx.emit.invoke(task, Op::Increment, key);
     let guard = match ctx.locks.acquire(key, Some(ACQUIRE)).await {
         Ok(guard) => guard,
-        Err(err) => return finish(ctx, record, Outcome::Fail, None, None, Some(err.to_string())),
+        Err(err) => {
+            return finish(
+                ctx,
+                record,
+                Outcome::Fail,
+                None,
+                None,
+                Some(err.to_string()),
+            );
+        }
     };
     let token = guard.info().fencing_token.expect("fencing is on");
     let (write, value) = match ctx.mode {
@@ -249,7 +271,14 @@ async fn term(ctx: &Ctx, task: u32, rng: &mut Rng) {
     if let Some(began) = p.began_us {
         record.start_us = began;
     }
-    finish(ctx, record, outcome, p.token, Some(i64::from(p.accepted)), result.err());
+    finish(
+        ctx,
+        record,
+        outcome,
+        p.token,
+        Some(i64::from(p.accepted)),
+        result.err(),
+    );
 }
 
 async fn safe_term(
@@ -302,7 +331,12 @@ async fn unsafe_term(
         p.began_us = Some(now_us());
     }
     for _ in 0..entries {
-        note(progress, ctx.resource.unfenced_event(names::LOG, token, "append").await);
+        note(
+            progress,
+            ctx.resource
+                .unfenced_event(names::LOG, token, "append")
+                .await,
+        );
         tokio::time::sleep(gap).await;
     }
     Ok(())
@@ -327,7 +361,10 @@ async fn job_tick(ctx: &Ctx, task: u32, rng: &mut Rng) {
             record.value = Some(run.window_start.timestamp_millis() / period_ms);
             (Outcome::Ok, None)
         }
-        Ok(Ok(RunOutcome::Skipped { window_start, reason })) => {
+        Ok(Ok(RunOutcome::Skipped {
+            window_start,
+            reason,
+        })) => {
             record.value = Some(window_start.timestamp_millis() / period_ms);
             (Outcome::Fail, Some(format!("skipped: {reason:?}")))
         }

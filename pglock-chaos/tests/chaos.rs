@@ -6,7 +6,6 @@
 //! test); the fenced resource lives in the test run's shared server, in tables of its own.
 
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use pglock_chaos::checker::{AnomalyKind, Report};
@@ -16,7 +15,7 @@ use pglock_chaos::run::{self, Config};
 use pglock_chaos::spec::Mode;
 
 /// The runs share two cores with the rest of the tests: one at a time.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The whole run, setup and finish included, is bounded by this.
 const RUN_DEADLINE: Duration = Duration::from_secs(120);
@@ -34,9 +33,14 @@ async fn run_and_check(config: &Config) -> (run::Outcome, Report, String) {
         .unwrap_or_else(|_| panic!("seed {}: the run took over {RUN_DEADLINE:?}", config.seed))
         .unwrap_or_else(|err| panic!("seed {}: the run could not be set up: {err}", config.seed));
     let report = run::check_and_write(config, &outcome).expect("write the reports");
+    let by_kind: Vec<String> = AnomalyKind::ALL
+        .iter()
+        .map(|kind| format!("{}: {}", kind.name(), report.anomalies_of(*kind).count()))
+        .collect();
     let context = format!(
-        "seed {}\n{report}\nhistory: {}\nreports: {}\nproblems: {:?}",
+        "seed {}\n{report}\nanomalies by kind: {}\nhistory: {}\nreports: {}\nproblems: {:?}",
         config.seed,
+        by_kind.join(", "),
         outcome.history_path.display(),
         config.out_dir.display(),
         outcome.problems
@@ -46,19 +50,27 @@ async fn run_and_check(config: &Config) -> (run::Outcome, Report, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_run_under_every_kind_of_fault_is_valid_and_recovers() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = ONE_AT_A_TIME.lock().await;
     let config = config("short", 7, 18);
     let (outcome, report, context) = run_and_check(&config).await;
     eprintln!("{context}");
-    assert!(outcome.problems.is_empty(), "the run itself went wrong: {context}");
+    assert!(
+        outcome.problems.is_empty(),
+        "the run itself went wrong: {context}"
+    );
     for kind in FaultKind::ALL {
         let injected = outcome.records.iter().any(|r| {
-            r.op == Op::Fault && r.outcome == Outcome::Ok && r.detail.as_deref() == Some(kind.name())
+            r.op == Op::Fault
+                && r.outcome == Outcome::Ok
+                && r.detail.as_deref() == Some(kind.name())
         });
         assert!(injected, "no {} fault was injected: {context}", kind.name());
     }
     for op in [Op::Section, Op::Increment, Op::Term, Op::Job] {
-        assert!(report.count(op, Outcome::Ok) > 0, "no {op:?} succeeded: {context}");
+        assert!(
+            report.count(op, Outcome::Ok) > 0,
+            "no {op:?} succeeded: {context}"
+        );
     }
     assert!(report.is_valid(), "anomalies: {context}");
     assert!(report.liveness_ok(), "slow recovery: {context}");
@@ -66,7 +78,7 @@ async fn a_short_run_under_every_kind_of_fault_is_valid_and_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_checker_catches_unfenced_work_in_the_negative_control() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = ONE_AT_A_TIME.lock().await;
     let mut config = config("control", 11, 8);
     config.mode = Mode::Unsafe;
     // Backends ended under their holders, often: each stale holder writes on.
@@ -79,10 +91,14 @@ async fn the_checker_catches_unfenced_work_in_the_negative_control() {
     config.tail = Duration::from_secs(1);
     let (_, report, context) = run_and_check(&config).await;
     eprintln!("{context}");
-    assert!(!report.is_valid(), "the checker found nothing in the control: {context}");
+    assert!(
+        !report.is_valid(),
+        "the checker found nothing in the control: {context}"
+    );
     let kinds: Vec<AnomalyKind> = report.anomalies.iter().map(|a| a.kind).collect();
     assert!(
-        kinds.contains(&AnomalyKind::CounterMismatch) || kinds.contains(&AnomalyKind::OverlappingSections),
+        kinds.contains(&AnomalyKind::CounterMismatch)
+            || kinds.contains(&AnomalyKind::OverlappingSections),
         "neither lost increments nor overlapping sections: {context}"
     );
 }

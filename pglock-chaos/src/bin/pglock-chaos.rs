@@ -32,7 +32,9 @@ fn main() {
         match parse(&args) {
             Ok(config) => runtime.block_on(parent(config)),
             Err(err) => {
-                eprintln!("pglock-chaos: {err}\nusage: pglock-chaos [--seed N] [--seconds S] [--out DIR] [--unsafe]");
+                eprintln!(
+                    "pglock-chaos: {err}\nusage: pglock-chaos [--seed N] [--seconds S] [--out DIR] [--unsafe]"
+                );
                 2
             }
         }
@@ -41,7 +43,8 @@ fn main() {
 }
 
 fn parse(args: &[String]) -> Result<Config, String> {
-    let (mut seed, mut seconds, mut out, mut mode) = (7, 60, PathBuf::from("target/chaos"), Mode::Safe);
+    let (mut seed, mut seconds, mut out, mut mode) =
+        (7, 60, PathBuf::from("target/chaos"), Mode::Safe);
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{arg} needs a value"));
@@ -60,7 +63,12 @@ fn parse(args: &[String]) -> Result<Config, String> {
 }
 
 async fn parent(config: Config) -> i32 {
-    eprintln!("pglock-chaos: seed {}, {:?}, out {}", config.seed, config.duration, config.out_dir.display());
+    eprintln!(
+        "pglock-chaos: seed {}, {:?}, out {}",
+        config.seed,
+        config.duration,
+        config.out_dir.display()
+    );
     let outcome = match run(&config).await {
         Ok(outcome) => outcome,
         Err(err) => {
@@ -77,7 +85,10 @@ async fn parent(config: Config) -> i32 {
     };
     println!("{report}");
     println!("history: {}", outcome.history_path.display());
-    println!("reports: {}/report.{{txt,md}}, timeline.svg", config.out_dir.display());
+    println!(
+        "reports: {}/report.{{txt,md}}, timeline.svg",
+        config.out_dir.display()
+    );
     for problem in &outcome.problems {
         println!("problem with the run itself: {problem}");
     }
@@ -85,7 +96,11 @@ async fn parent(config: Config) -> i32 {
     println!(
         "seed {}: {}",
         config.seed,
-        if good { "valid" } else { "NOT VALID (see the report)" }
+        if good {
+            "valid"
+        } else {
+            "NOT VALID (see the report)"
+        }
     );
     i32::from(!good)
 }
