@@ -3,7 +3,12 @@
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
+use std::future::Future;
+use std::task::Poll;
+
 use tokio_util::sync::CancellationToken;
+
+use crate::core::Liveness;
 
 /// Why a held lock went from its holder.
 ///
@@ -36,6 +41,12 @@ pub enum LossCause {
     /// Released through the manager with every other lock it held
     /// ([`release_all`](crate::LockManager::release_all)), typically at shutdown.
     ReleasedAll,
+    /// The session holding the lock went unheard for longer than the manager's
+    /// [`silence_timeout`](crate::PostgresLockManagerBuilder::silence_timeout): the process was
+    /// frozen (`SIGSTOP`, a stalled VM, a debugger), starved, or cut off from the server, and
+    /// the server ends such a session and frees its locks. Reported as soon as the holder runs
+    /// again, before its work is polled, whether or not the server has ended the session yet.
+    Expired,
     /// Declared lost on purpose, for tests (see
     /// [`InMemoryLockManager::simulate_loss`](crate::InMemoryLockManager::simulate_loss)).
     Simulated,
@@ -43,7 +54,7 @@ pub enum LossCause {
 
 impl LossCause {
     /// A stable, machine-readable name of the cause: `not_on_server`, `unverifiable`,
-    /// `session_closed`, `released`, `released_all` or `simulated`. It is the `pglock.cause` label of the lost-lock metric, fit for alert rules
+    /// `session_closed`, `expired`, `released`, `released_all` or `simulated`. It is the `pglock.cause` label of the lost-lock metric, fit for alert rules
     /// and dashboards, and never changes for a cause; `Display` gives the English sentence
     /// instead.
     ///
@@ -61,6 +72,7 @@ impl LossCause {
             LossCause::NotOnServer => "not_on_server",
             LossCause::Unverifiable => "unverifiable",
             LossCause::SessionClosed => "session_closed",
+            LossCause::Expired => "expired",
             LossCause::Released => "released",
             LossCause::ReleasedAll => "released_all",
             LossCause::Simulated => "simulated",
@@ -86,6 +98,10 @@ impl fmt::Display for LossCause {
             LossCause::SessionClosed => {
                 "the manager closed the session holding it, so it can no longer release it"
             }
+            LossCause::Expired => {
+                "its session went unheard for longer than the silence timeout, after which the \
+                 server ends it"
+            }
             LossCause::Released => "it was released through the manager by key",
             LossCause::ReleasedAll => "the manager released all its locks",
             LossCause::Simulated => "loss simulated by the test double",
@@ -105,6 +121,11 @@ impl fmt::Display for LossCause {
 pub struct LossSignal {
     token: CancellationToken,
     cause: Arc<OnceLock<LossCause>>,
+    /// Set for a lock whose session the server ends after a silence: past its expiry the
+    /// signal counts as fired ([`LossCause::Expired`]) as soon as anyone looks at it, without
+    /// waiting for the manager's own tasks, which a frozen process runs only after the code
+    /// that looks.
+    expiry: Option<Arc<Liveness>>,
 }
 
 impl LossSignal {
@@ -122,13 +143,33 @@ impl LossSignal {
         first
     }
 
-    /// True once the lock has been declared lost.
+    /// The signal of a lock held on a session that `liveness` describes (`None`: no expiry).
+    pub(crate) fn expiring(mut self, liveness: Option<Arc<Liveness>>) -> Self {
+        self.expiry = liveness;
+        self
+    }
+
+    /// Fires the signal as [`LossCause::Expired`] if its session's silence has run out.
+    fn check_expiry(&self) {
+        if self
+            .expiry
+            .as_ref()
+            .is_some_and(|liveness| liveness.expired())
+        {
+            self.declare(LossCause::Expired);
+        }
+    }
+
+    /// True once the lock has been declared lost (or its session has gone unheard for longer
+    /// than the server allows).
     pub fn is_lost(&self) -> bool {
+        self.check_expiry();
         self.cause.get().is_some()
     }
 
     /// Why the lock was lost, once it has been.
     pub fn cause(&self) -> Option<LossCause> {
+        self.check_expiry();
         self.cause.get().cloned()
     }
 
@@ -178,11 +219,19 @@ impl LossSignal {
         &self,
         work: F,
     ) -> Result<F::Output, LossCause> {
-        tokio::select! {
-            biased;
-            cause = self.lost() => Err(cause),
-            output = work => Ok(output),
-        }
+        let mut work = std::pin::pin!(work);
+        let lost = self.lost();
+        let mut lost = std::pin::pin!(lost);
+        std::future::poll_fn(|cx| {
+            // Before every poll of the work: a process that was frozen past its session's
+            // silence runs this before anything of the manager's, and must not go on.
+            self.check_expiry();
+            if let Poll::Ready(cause) = lost.as_mut().poll(cx) {
+                return Poll::Ready(Err(cause));
+            }
+            work.as_mut().poll(cx).map(Ok)
+        })
+        .await
     }
 
     /// A token cancelled when the lock is declared lost, for `select!`, `run_until_cancelled`
@@ -196,6 +245,6 @@ impl fmt::Debug for LossSignal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LossSignal")
             .field("cause", &self.cause.get())
-            .finish()
+            .finish_non_exhaustive()
     }
 }

@@ -152,23 +152,9 @@ async fn a_lost_lock_on_a_session_of_its_own_leaves_the_lock_sessions_alone() {
     tokio::time::timeout(BOUND, doomed_guard.loss_signal().lost())
         .await
         .expect("lost");
-    // Wait for a probe that started after the loss was declared: the healthy lock passed it.
-    let declared: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
-        .fetch_one(&observer)
-        .await
-        .expect("clock");
-    let monitor = format!("{app}:pglock-monitor");
-    eventually("the monitor probes again", || async {
-        let last: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
-            "SELECT max(query_start) FROM pg_stat_activity WHERE application_name = $1",
-        )
-        .bind(&monitor)
-        .fetch_one(&observer)
-        .await
-        .expect("query");
-        last.is_some_and(|last| last > declared)
-    })
-    .await;
+    // Three heartbeats later, the healthy lock, on a session of its own kind, is still held:
+    // the time passing is what is tested.
+    tokio::time::sleep(PROBE * 3).await;
     assert!(!healthy_guard.loss_signal().is_lost());
     assert!(locks.is_held(&healthy).await);
     healthy_guard.release().await.expect("release");
@@ -354,125 +340,53 @@ async fn detection_can_be_switched_off() {
     assert!(matches!(err, Error::ReleaseFailed { .. }), "{err:?}");
 }
 
-/// Waits (bounded) until the monitor of the pool named `app` has one connection, and returns
-/// its server pid.
-async fn monitor_pid(observer: &sqlx::PgPool, app: &str) -> i32 {
-    let monitor = format!("{app}:pglock-monitor");
-    common::eventually("the monitor connects", || async {
-        common::sessions_of(observer, &monitor).await.len() == 1
-    })
-    .await;
-    common::sessions_of(observer, &monitor).await[0].pid
-}
-
 #[tokio::test]
-async fn the_monitor_has_its_own_named_connection_only_while_locks_are_held() {
+async fn held_locks_are_watched_through_their_own_sessions_with_no_connection_of_their_own() {
+    // Each session holding locks is pinged when unheard for an interval; the pings are the
+    // probe, so a process holding locks uses its lock sessions and one session per contended
+    // lock it holds, and nothing else.
     let observer = observer().await;
-    let app = app_name("monitor-name");
-    let locks = PostgresLockManager::builder(pool_named(2, &app).await)
-        .probe_interval(Duration::from_millis(20))
+    let app = app_name("connections");
+    let locks = common::manager_for(pool_named(6, &app).await, &app)
+        .probe_interval(Duration::from_millis(50))
         .build();
-    let monitor = format!("{app}:pglock-monitor");
-    let guard = locks
-        .acquire(&key("monitor-name"), None)
-        .await
-        .expect("acquire");
-    monitor_pid(&observer, &app).await;
-    guard.release().await.expect("release");
-    common::eventually("the monitor disconnects once nothing is held", || async {
-        common::sessions_of(&observer, &monitor).await.is_empty()
+    let rival = PostgresLockManager::new(pool_named(2, &app_name("rival")).await);
+    let contended = key("connections-contended");
+    let rival_guard = rival.acquire(&contended, None).await.expect("acquire");
+    let waiting = tokio::spawn({
+        let (locks, contended) = (locks.clone(), contended.clone());
+        async move { locks.acquire(&contended, None).await }
+    });
+    eventually("the waiter queues on the server", || async {
+        lock_rows(&observer, lock_id(&contended)).await.len() == 2
     })
     .await;
-}
-
-#[tokio::test]
-async fn a_probe_that_fails_once_loses_nothing() {
-    // A failed probe (here: its connection ended) leaves the locks unknown, not lost: only
-    // locks unconfirmed for interval + grace are declared lost, and the next probe, on a new
-    // connection, confirms these.
-    let observer = observer().await;
-    let app = app_name("probe-fails-once");
-    let locks = PostgresLockManager::builder(pool_named(2, &app).await)
-        .probe_interval(Duration::from_millis(100))
-        .probe_grace(Duration::from_secs(5))
-        .build();
-    let monitor = format!("{app}:pglock-monitor");
-    let guard = locks
-        .acquire(&key("probe-fails-once"), None)
+    rival_guard.release().await.expect("release");
+    let waited = tokio::time::timeout(BOUND, waiting)
         .await
+        .expect("granted")
+        .expect("join")
         .expect("acquire");
-    let first = monitor_pid(&observer, &app).await;
-    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
-        .bind(first)
-        .fetch_one(&observer)
-        .await
-        .expect("end the monitor's connection");
-    assert!(terminated);
-    common::eventually("the monitor reconnects after its failed probe", || async {
-        common::sessions_of(&observer, &monitor)
-            .await
-            .iter()
-            .any(|session| session.pid != first)
-    })
-    .await;
-    assert!(
-        !guard.loss_signal().is_lost(),
-        "declared lost on one failed probe"
+    let mut guards = vec![waited];
+    for n in 0..100 {
+        let guard = locks.acquire(&key(&format!("connections-{n}")), None).await;
+        guards.push(guard.expect("acquire"));
+    }
+    // Several heartbeats.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sessions = common::sessions_of(&observer, &app).await;
+    println!(
+        "101 locks held (one contended): {} server connections, {} of them lock sessions",
+        sessions.len(),
+        locks.lock_session_count()
     );
-    guard.release().await.expect("release");
-}
-
-#[tokio::test]
-async fn a_lock_taken_again_and_again_keeps_one_monitor_connection() {
-    // The monitor stays for five idle probe intervals: a workload that takes and releases a
-    // lock over and over, with gaps shorter than that, keeps one monitor connection instead of
-    // a new one (a whole authentication handshake) every time it holds a lock again.
-    let observer = observer().await;
-    let app = app_name("monitor-kept");
-    let interval = Duration::from_millis(50);
-    let locks = PostgresLockManager::builder(pool_named(2, &app).await)
-        .probe_interval(interval)
-        .build();
-    let mut pids = std::collections::HashSet::new();
-    for round in 0..12 {
-        let guard = locks
-            .acquire(&key(&format!("monitor-kept-{round}")), None)
-            .await
-            .expect("acquire");
-        pids.insert(monitor_pid(&observer, &app).await);
+    assert_eq!(
+        sessions.len(),
+        locks.lock_session_count() + 1,
+        "{sessions:?}"
+    );
+    assert!(guards.iter().all(|guard| !guard.loss_signal().is_lost()));
+    for guard in guards {
         guard.release().await.expect("release");
-        // Idle for two intervals: the monitor sees nothing held at a tick or two.
-        tokio::time::sleep(interval * 2).await;
     }
-    assert_eq!(pids.len(), 1, "one monitor connection throughout: {pids:?}");
-}
-
-#[tokio::test]
-async fn the_monitor_connects_before_its_first_probe_is_due() {
-    // The first probe must cost one round trip, like the others, for a loss to be reported
-    // within an interval plus a round trip: so the monitor opens its connection as it starts,
-    // not when the first probe is due.
-    let observer = observer().await;
-    let app = app_name("monitor-early");
-    let interval = Duration::from_secs(5);
-    let locks = PostgresLockManager::builder(pool_named(2, &app).await)
-        .probe_interval(interval)
-        .build();
-    let monitor = format!("{app}:pglock-monitor");
-    let guard = locks
-        .acquire(&key("monitor-early"), None)
-        .await
-        .expect("acquire");
-    let acquired = Instant::now();
-    loop {
-        if common::sessions_of(&observer, &monitor).await.len() == 1 {
-            break;
-        }
-        assert!(
-            acquired.elapsed() < interval / 2,
-            "no monitor connection half an interval after the first lock"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    guard.release().await.expect("release");
 }

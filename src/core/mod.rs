@@ -10,11 +10,13 @@
 //! | `turn.rs` | the per-key FIFO queue of one manager's tasks, and the in-process handoff |
 //! | `slots.rs` | the table of per-key queues, which forgets keys nobody waits for |
 //! | `budget.rs` | how many locks the manager may hold at once |
+//! | `liveness.rs` | how long a lock can be trusted without hearing from its session |
 //! | `options.rs` | what the engine is built with, and the part both managers' builders share |
 //! | `spans.rs` | tracing spans and their outcomes |
 
 mod budget;
 mod guard;
+mod liveness;
 mod options;
 mod registry;
 mod slots;
@@ -33,6 +35,7 @@ use tracing::Instrument;
 pub(crate) use self::budget::Budget;
 use self::budget::Slot;
 use self::guard::CoreGuard;
+pub(crate) use self::liveness::Liveness;
 pub(crate) use self::options::{CommonOptions, HandoffLimits, Options};
 pub(crate) use self::registry::Watched;
 use self::registry::{Granted, State};
@@ -119,13 +122,21 @@ pub(crate) trait Backend: Send + Sync + 'static {
         session: Self::Session,
     ) -> impl Future<Output = Result<()>> + Send;
 
-    /// The server-side process holding `session`'s lock, for loss detection.
-    fn session_pid(_session: &Self::Session) -> Option<i32> {
+    /// How long `session`'s lock can be trusted without hearing from the server again: the
+    /// guard's loss signal fires as expired, at the latest when it is next looked at, once
+    /// this has passed.
+    fn liveness(_session: &Self::Session) -> Option<Arc<Liveness>> {
         None
     }
 
-    /// Called after every registration, so a backend can start watching for lost locks.
-    fn watch(_core: &Arc<Core<Self>>)
+    /// Why `session` has ended, once it has: every lock on it went with it.
+    fn ended(_session: &Self::Session) -> Option<LossCause> {
+        None
+    }
+
+    /// Called after every registration, so a backend can start watching for lost locks;
+    /// `session_ended`: the session of the lock just registered has already ended.
+    fn watch(_core: &Arc<Core<Self>>, _session_ended: bool)
     where
         Self: Sized,
     {
@@ -135,7 +146,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
 /// What a loss detector needs from a manager: the locks it holds, and a way to declare one
 /// lost. Keeps the detector independent of the backend that feeds it.
 pub(crate) trait LockTable: Send + Sync + 'static {
-    /// The locks held right now.
+    /// The locks held right now whose sessions have ended.
     fn watched(&self) -> impl Future<Output = Vec<Watched>> + Send;
 
     /// Declares one acquisition lost; false when it is no longer registered.
@@ -145,9 +156,6 @@ pub(crate) trait LockTable: Send + Sync + 'static {
         generation: u64,
         cause: LossCause,
     ) -> impl Future<Output = bool> + Send;
-
-    /// How many locks are held, without waiting for the registry.
-    fn held_lock_count(&self) -> usize;
 }
 
 impl<B: Backend> LockTable for Core<B> {
@@ -162,10 +170,6 @@ impl<B: Backend> LockTable for Core<B> {
         cause: LossCause,
     ) -> impl Future<Output = bool> + Send {
         Core::declare_lost(self, key, generation, cause)
-    }
-
-    fn held_lock_count(&self) -> usize {
-        Core::held_lock_count(self)
     }
 }
 

@@ -53,17 +53,13 @@ pub(super) struct Granted<S: Send + 'static> {
     pub(super) handoffs: u32,
 }
 
-/// A held lock as the loss detector sees it.
+/// A held lock whose session has ended, as the loss detector sees it.
 #[derive(Debug, Clone)]
 pub(crate) struct Watched {
     pub(crate) key: LockKey,
     pub(crate) generation: u64,
-    pub(crate) target: LockTarget,
-    pub(crate) mode: LockMode,
-    pub(crate) pid: Option<i32>,
-    /// When the lock was granted: the last moment it was known to be held, until a probe says
-    /// so again.
-    pub(crate) registered_at: Instant,
+    /// Why its session ended: the lock went with it.
+    pub(crate) ended: LossCause,
 }
 
 impl<S: Send + 'static> State<S> {
@@ -95,7 +91,7 @@ impl<B: Backend> Core<B> {
         info: LockInfo,
     ) -> (u64, LossSignal) {
         let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
-        let signal = LossSignal::new();
+        let signal = LossSignal::new().expiring(B::liveness(&granted.session));
         let held = Held {
             generation,
             target: request.target,
@@ -109,30 +105,35 @@ impl<B: Backend> Core<B> {
             slot: granted.slot,
             turn,
         };
-        {
+        let session_ended = {
             let mut state = self.state.lock().await;
             // Holding the key's turn makes this the only live acquisition of the key here.
             let previous = state.held.insert(request.key.clone(), held);
             debug_assert!(previous.is_none(), "two live acquisitions of one key");
             self.set_held(state.held.len());
-        }
-        B::watch(self);
+            // Checked once registered: a session that ends from now on finds the lock in the
+            // registry; one that ended before is reported here.
+            state
+                .held
+                .get(request.key)
+                .is_some_and(|held| B::ended(&held.session).is_some())
+        };
+        B::watch(self, session_ended);
         (generation, signal)
     }
 
-    /// The locks held right now, for the loss detector.
+    /// The locks held right now whose sessions have ended, for the loss detector.
     pub(crate) async fn watched(&self) -> Vec<Watched> {
         let state = self.state.lock().await;
         state
             .held
             .iter()
-            .map(|(key, held)| Watched {
-                key: key.clone(),
-                generation: held.generation,
-                target: held.target,
-                mode: held.mode,
-                pid: B::session_pid(&held.session),
-                registered_at: held.registered_at,
+            .filter_map(|(key, held)| {
+                Some(Watched {
+                    key: key.clone(),
+                    generation: held.generation,
+                    ended: B::ended(&held.session)?,
+                })
             })
             .collect()
     }

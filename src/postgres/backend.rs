@@ -6,15 +6,15 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio::sync::OnceCell;
-use tokio::time::{Instant, timeout};
+use tokio::time::Instant;
 
 use super::lock_session::{Lease, SessionError};
 use super::monitor::Monitor;
 use super::sessions::{LockSessions, Unavailable};
-use super::statements::{Statements, target_args};
+use super::statements::Statements;
 use super::wait_session::{IdleSessions, PgSession};
-use crate::core::{Backend, Budget, Core, Request};
-use crate::{Error, LockKey, LockMode, LockTarget, ReleaseFailure, Result};
+use crate::core::{Backend, Budget, Core, Liveness, Request};
+use crate::{Error, LockKey, LockMode, LockTarget, LossCause, ReleaseFailure, Result};
 
 pub(crate) struct PgBackend {
     pub(crate) pool: PgPool,
@@ -26,6 +26,8 @@ pub(crate) struct PgBackend {
     /// before it gives up on a wait session (a server that does not answer at all).
     pub(crate) answer_grace: Duration,
     pub(crate) allow_standby: bool,
+    /// The server's silence timeout on the manager's sessions, if set.
+    pub(crate) silence: Option<Duration>,
     pub(crate) monitor: Arc<Monitor>,
     /// Clean wait sessions kept for the next contended acquisitions.
     pub(crate) idle: Arc<IdleSessions>,
@@ -35,14 +37,6 @@ pub(crate) struct PgBackend {
     pub(crate) budget: Arc<Budget>,
 }
 
-/// How a held lock is held: on a lock session shared with other locks, or on a session of its
-/// own that waited for it.
-#[derive(Debug)]
-pub(crate) enum Hold {
-    Shared(Lease),
-    Own(PgSession),
-}
-
 impl PgBackend {
     /// One try on a lock session. A session that turns out to have closed while idle (a server
     /// restart, a terminated backend) is replaced, as long as the deadline allows, so callers
@@ -50,7 +44,7 @@ impl PgBackend {
     ///
     /// The caller's deadline bounds getting the session; a request with none (a try, a zero
     /// timeout, or no timeout at all) waits for it as long as the pool's `acquire_timeout`.
-    async fn try_on_lock_session(&self, req: &Request<'_>) -> Result<Option<(Hold, Option<i64>)>> {
+    async fn try_on_lock_session(&self, req: &Request<'_>) -> Result<Option<(Lease, Option<i64>)>> {
         let mut retries = 2;
         loop {
             let deadline = req.deadline.filter(|_| !req.is_immediate());
@@ -61,7 +55,7 @@ impl PgBackend {
             };
             match session.try_lock(req.target, req.mode, deadline).await {
                 Ok(granted) => {
-                    return Ok(granted.map(|(lease, token)| (Hold::Shared(lease), token)));
+                    return Ok(granted);
                 }
                 Err(SessionError::Closed(_) | SessionError::Unanswered(_))
                     if retries > 0 && deadline.is_none_or(|d| Instant::now() < d) =>
@@ -130,9 +124,9 @@ fn release_error(key: &LockKey, err: SessionError) -> Error {
 }
 
 impl Backend for PgBackend {
-    type Session = Hold;
+    type Session = Lease;
 
-    async fn lock(&self, req: &Request<'_>) -> Result<(Hold, Option<i64>)> {
+    async fn lock(&self, req: &Request<'_>) -> Result<(Lease, Option<i64>)> {
         if let Some(granted) = self.try_on_lock_session(req).await? {
             return Ok(granted);
         }
@@ -142,81 +136,48 @@ impl Backend for PgBackend {
         // Held elsewhere: wait in the server's queue, on a session of our own. Boxed, so the
         // uncontended path's future stays small.
         let (session, token) = Box::pin(self.wait(req)).await?;
-        Ok((Hold::Own(session), token))
+        // From here on it is held like any other lock: kept heard and watched by a task.
+        Ok((self.sessions.adopt(session, req.target, req.mode), token))
     }
 
-    async fn try_lock(&self, req: &Request<'_>) -> Result<Option<(Hold, Option<i64>)>> {
+    async fn try_lock(&self, req: &Request<'_>) -> Result<Option<(Lease, Option<i64>)>> {
         self.try_on_lock_session(req).await
     }
 
-    async fn refence(&self, req: &Request<'_>, session: &mut Hold) -> Result<Option<i64>> {
-        match session {
-            Hold::Shared(lease) => lease.mint().await.map_err(|err| acquire_error(req, err)),
-            Hold::Own(session) => Box::pin(self.mint_on(req, session)).await,
-        }
+    async fn refence(&self, req: &Request<'_>, lease: &mut Lease) -> Result<Option<i64>> {
+        lease.mint().await.map_err(|err| acquire_error(req, err))
     }
 
     async fn unlock(
         &self,
         key: &LockKey,
-        target: LockTarget,
-        mode: LockMode,
-        session: Hold,
+        _target: LockTarget,
+        _mode: LockMode,
+        lease: Lease,
     ) -> Result<()> {
-        match session {
-            Hold::Shared(lease) => match lease.unlock().await {
-                Ok(true) => Ok(()),
-                Ok(false) => Err(Error::ReleaseFailed {
-                    key: key.clone(),
-                    reason: ReleaseFailure::NotHeldOnServer,
-                    source: None,
-                }),
-                Err(err) => Err(release_error(key, err)),
-            },
-            Hold::Own(session) => Box::pin(self.unlock_own(key, target, mode, session)).await,
+        match lease.unlock().await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Error::ReleaseFailed {
+                key: key.clone(),
+                reason: ReleaseFailure::NotHeldOnServer,
+                source: None,
+            }),
+            Err(err) => Err(release_error(key, err)),
         }
     }
 
-    fn session_pid(session: &Hold) -> Option<i32> {
-        Some(match session {
-            Hold::Shared(lease) => lease.pid(),
-            Hold::Own(session) => session.pid,
-        })
+    fn liveness(lease: &Lease) -> Option<Arc<Liveness>> {
+        lease.liveness()
     }
 
-    fn watch(core: &Arc<Core<Self>>) {
+    fn ended(lease: &Lease) -> Option<LossCause> {
+        lease.ended()
+    }
+
+    fn watch(core: &Arc<Core<Self>>, session_ended: bool) {
         core.backend.monitor.ensure_running(Arc::downgrade(core));
-    }
-}
-
-impl PgBackend {
-    /// Unlocks on a wait session. Only a confirmed unlock lets the session be reused; on any
-    /// other outcome it is closed as it drops, which frees whatever it held.
-    async fn unlock_own(
-        &self,
-        key: &LockKey,
-        target: LockTarget,
-        mode: LockMode,
-        mut session: PgSession,
-    ) -> Result<()> {
-        let args = target_args(target, session.pid);
-        let query =
-            sqlx::query_scalar_with::<_, Option<bool>, _>(Statements::unlock(mode, target), args);
-        let unlocked = query.fetch_one(session.conn());
-        let (reason, source) = match timeout(self.release_timeout, unlocked).await {
-            Ok(Ok(Some(true))) => {
-                session.mark_clean();
-                return Ok(());
-            }
-            Ok(Ok(Some(false))) => (ReleaseFailure::NotHeldOnServer, None),
-            Ok(Ok(None)) => (ReleaseFailure::TransactionPooling, None),
-            Ok(Err(err)) => (ReleaseFailure::Database(err.to_string()), Some(err)),
-            Err(_) => (ReleaseFailure::Timeout(self.release_timeout), None),
-        };
-        Err(Error::ReleaseFailed {
-            key: key.clone(),
-            reason,
-            source,
-        })
+        if session_ended {
+            core.backend.monitor.session_ended();
+        }
     }
 }

@@ -10,12 +10,18 @@ use tokio::sync::OnceCell;
 use super::PostgresLockManager;
 use super::backend::PgBackend;
 use super::fencing::FencingTable;
-use super::lock_session::SessionContext;
-use super::monitor::{Monitor, Probe};
+use super::lock_session::{Heartbeat, SessionContext};
+use super::monitor::Monitor;
 use super::sessions::{LockSessions, SessionsConfig};
-use super::statements::Statements;
+use super::statements::{SessionSettings, Statements};
 use super::wait_session::IdleSessions;
 use crate::core::{Budget, CommonOptions, Core, HandoffLimits};
+
+/// The default [`silence_timeout`](PostgresLockManagerBuilder::silence_timeout).
+const DEFAULT_SILENCE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The shortest silence timeout: below it, a busy runtime would lose healthy locks.
+const MIN_SILENCE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Builds a [`PostgresLockManager`].
 #[must_use = "a builder does nothing until `build` is called"]
@@ -25,8 +31,10 @@ pub struct PostgresLockManagerBuilder {
     release_timeout: Duration,
     fencing: Option<FencingTable>,
     tag_prefix: Option<String>,
-    probe_interval: Option<Duration>,
+    probe_interval: Duration,
     probe_grace: Duration,
+    detect_lost_locks: bool,
+    silence_timeout: Option<Duration>,
     handoff: Option<HandoffLimits>,
     idle_sessions: (usize, Duration),
     lock_sessions: usize,
@@ -42,8 +50,10 @@ impl PostgresLockManagerBuilder {
             release_timeout: Duration::from_secs(5),
             fencing: None,
             tag_prefix: Some("pglock:".to_owned()),
-            probe_interval: Some(Duration::from_secs(2)),
+            probe_interval: Duration::from_secs(2),
             probe_grace: Duration::from_secs(2),
+            detect_lost_locks: true,
+            silence_timeout: Some(DEFAULT_SILENCE_TIMEOUT),
             handoff: Some(HandoffLimits::DEFAULT),
             idle_sessions: (usize::MAX, Duration::from_millis(250)),
             lock_sessions: 2,
@@ -150,35 +160,72 @@ impl PostgresLockManagerBuilder {
         self
     }
 
-    /// How often the manager checks, while it holds locks, that the server still holds them.
+    /// How often a session that holds locks, and has not been heard from since, is pinged.
     ///
-    /// Each check is one query on a dedicated connection (opened while locks are held, closed
-    /// once none have been for five intervals) covering every held lock at once, so its cost does not grow with the
-    /// number of locks. A lock whose session has ended is declared lost within about one
-    /// interval. Default: 2 seconds.
+    /// Every session holding locks is kept heard: when no statement on it has been answered
+    /// for this long, the manager sends it the cheapest exchange the protocol has (a `Sync`).
+    /// The answer confirms the session and so every lock on it, since a session's locks live
+    /// exactly as long as the session; a session busy with statements is never pinged. A
+    /// session whose ping fails has ended (terminated, server restarted, failed over): its
+    /// locks are declared lost ([`LossCause::NotOnServer`](crate::LossCause)) within about one
+    /// interval of the end. The cost is one tiny round trip per interval per session holding
+    /// locks (by default at most two lock sessions, plus one per contended lock held), whatever
+    /// the number of locks, and no connection of its own. At most a quarter of the
+    /// [`silence_timeout`](Self::silence_timeout) is used. Default: 2 seconds.
     pub fn probe_interval(mut self, interval: Duration) -> Self {
-        self.probe_interval = Some(interval.max(Duration::from_millis(1)));
+        self.probe_interval = interval.max(Duration::from_millis(1));
         self
     }
 
-    /// How long past a missed check the manager waits before declaring locks it cannot verify
-    /// lost. While the server cannot be asked (network partition, server down), held locks
-    /// are "unknown"; they are declared lost ([`LossCause::Unverifiable`](crate::LossCause))
-    /// once `probe_interval + probe_grace` has passed since they were last confirmed. A check
-    /// that takes longer than the grace counts as failed. Default: 2 seconds.
+    /// How long a ping may go unanswered before the session's locks are declared lost.
+    ///
+    /// While the server cannot be reached (network partition, server down), a ping goes
+    /// unanswered; once it has for this long, the session is given up (closed) and its locks
+    /// are declared lost ([`LossCause::Unverifiable`](crate::LossCause)): at most
+    /// `probe_interval + probe_grace` after the session was last heard. Default: 2 seconds.
     pub fn probe_grace(mut self, grace: Duration) -> Self {
         self.probe_grace = grace.max(Duration::from_millis(1));
         self
     }
 
     /// Turns lost-lock detection on (the default) or off. Without it, guards' loss signals
-    /// never fire and no monitor connection is opened.
+    /// never fire for a failure (a release through the manager still fires them); sessions
+    /// are still kept heard while a [`silence_timeout`](Self::silence_timeout) is set.
     pub fn detect_lost_locks(mut self, enabled: bool) -> Self {
-        self.probe_interval = match (enabled, self.probe_interval) {
-            (false, _) => None,
-            (true, Some(interval)) => Some(interval),
-            (true, None) => Some(Duration::from_secs(2)),
-        };
+        self.detect_lost_locks = enabled;
+        self
+    }
+
+    /// How long a holder may go unheard before the server ends its sessions and frees its
+    /// locks; `Duration::ZERO` turns the bound off (values under 1 s are raised to 1 s).
+    ///
+    /// A process that is frozen (`SIGSTOP`, a garbage-collection pause of a host VM, a
+    /// debugger, a container freeze) or cut off from the server by a silent network keeps its
+    /// TCP connections, so without a bound the server keeps its locks for as long as that
+    /// lasts (hours, for a dead network, with the kernel's default keepalives). With it, each
+    /// session the manager uses gets, for as long as the manager uses it:
+    ///
+    /// * `idle_session_timeout` (PostgreSQL 14 and later): the server ends a session that
+    ///   receives nothing for this long, which frees its locks for the next waiter;
+    /// * `tcp_user_timeout` and `tcp_keepalives_*`, which bound how long the server's kernel
+    ///   keeps a connection whose peer has gone from the network while a statement runs.
+    ///
+    /// These are settings any role may set on its own session: no server configuration or
+    /// superuser right is needed, and the values the session had are restored before it goes
+    /// back to the pool. The manager keeps its healthy sessions heard with a ping every
+    /// [`probe_interval`](Self::probe_interval) (at most a quarter of this bound), so only a
+    /// process that cannot run, or cannot reach the server, for this long loses its locks.
+    ///
+    /// A holder that runs again after such a silence learns it at once: from the moment the
+    /// bound has passed since its session was last heard, its guards' loss signals report
+    /// [`LossCause::Expired`](crate::LossCause) as soon as they are looked at (`is_lost`,
+    /// `cause`), and work running under the guard is stopped before it is polled again,
+    /// whether or not the server has ended the session yet. On PostgreSQL 13 and older the
+    /// server has no `idle_session_timeout`: a frozen holder keeps its locks until it runs
+    /// again (only the network bounds apply), though it still learns that it may not count
+    /// on them. Default: 20 seconds.
+    pub fn silence_timeout(mut self, timeout: Duration) -> Self {
+        self.silence_timeout = (!timeout.is_zero()).then(|| timeout.max(MIN_SILENCE_TIMEOUT));
         self
     }
 
@@ -231,20 +278,38 @@ impl PostgresLockManagerBuilder {
         self
     }
 
+    /// The heartbeat of the sessions: needed to report losses, and to keep sessions heard
+    /// when the server ends silent ones. At least four pings fit in the silence timeout.
+    fn heartbeat(&self) -> Option<Heartbeat> {
+        if !self.detect_lost_locks && self.silence_timeout.is_none() {
+            return None;
+        }
+        let every = match self.silence_timeout {
+            Some(silence) => self.probe_interval.min(silence / 4),
+            None => self.probe_interval,
+        };
+        Some(Heartbeat {
+            every,
+            answer_within: self.probe_grace,
+        })
+    }
+
     /// Builds the manager. Nothing touches the database yet.
     pub fn build(self) -> PostgresLockManager {
+        let heartbeat = self.heartbeat();
         let options = self.common.into_options(self.handoff);
         let tag = (self.tag_prefix.as_ref()).map(|prefix| {
             crate::identity::application_name(&format!("{prefix}{}", options.holder_id))
         });
         let backend = Backend {
-            statements: Arc::new(Statements::new(self.fencing, tag)),
+            statements: Arc::new(Statements::new(
+                self.fencing,
+                SessionSettings::new(tag.as_deref(), self.silence_timeout),
+            )),
             pool: self.pool,
-            probe: self.probe_interval.map(|interval| Probe {
-                interval,
-                grace: self.probe_grace,
-                allow_standby: self.allow_standby,
-            }),
+            heartbeat,
+            detect_lost_locks: self.detect_lost_locks,
+            silence: self.silence_timeout,
             release_timeout: self.release_timeout,
             session_idle_timeout: self.session_idle_timeout,
             lock_sessions: self.lock_sessions,
@@ -262,7 +327,9 @@ impl PostgresLockManagerBuilder {
 struct Backend {
     statements: Arc<Statements>,
     pool: PgPool,
-    probe: Option<Probe>,
+    heartbeat: Option<Heartbeat>,
+    detect_lost_locks: bool,
+    silence: Option<Duration>,
     release_timeout: Duration,
     session_idle_timeout: Duration,
     lock_sessions: usize,
@@ -273,16 +340,15 @@ struct Backend {
 impl Backend {
     /// The backend: its lost-lock monitor, its lock sessions and its kept wait sessions.
     fn assemble(self, budget: Arc<Budget>) -> PgBackend {
-        let monitor = Monitor::new(
-            self.probe,
-            self.pool.connect_options().as_ref(),
-            &monitor_name(&self.pool),
-        );
+        let monitor = Monitor::new(self.detect_lost_locks);
         let fencing_ready = Arc::new(OnceCell::new());
         let context = Arc::new(SessionContext {
             statements: Arc::clone(&self.statements),
             statement_timeout: self.release_timeout,
             idle_timeout: self.session_idle_timeout,
+            heartbeat: self.heartbeat,
+            silence: self.silence,
+            report_loss: self.detect_lost_locks,
         });
         let config = SessionsConfig {
             max: self.lock_sessions,
@@ -306,6 +372,7 @@ impl Backend {
             release_timeout: self.release_timeout,
             answer_grace: Duration::from_millis(250),
             allow_standby: self.allow_standby,
+            silence: self.silence,
             idle: IdleSessions::new(self.idle_sessions.0, self.idle_sessions.1),
             budget,
         }
@@ -314,21 +381,6 @@ impl Backend {
 
 /// The monitor connection's `application_name`: the pool's, tagged, so `pg_stat_activity`
 /// attributes it to its manager.
-fn monitor_name(pool: &PgPool) -> String {
-    const SUFFIX: &str = ":pglock-monitor";
-    match pool.connect_options().get_application_name() {
-        Some(app) if !app.is_empty() => {
-            // PostgreSQL keeps 63 bytes; keep the suffix, cut the pool's name on a char boundary.
-            let mut end = app.len().min(63 - SUFFIX.len());
-            while !app.is_char_boundary(end) {
-                end -= 1;
-            }
-            format!("{}{SUFFIX}", &app[..end])
-        }
-        _ => "pglock-monitor".to_owned(),
-    }
-}
-
 impl fmt::Debug for PostgresLockManagerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresLockManagerBuilder")
@@ -336,6 +388,8 @@ impl fmt::Debug for PostgresLockManagerBuilder {
             .field("release_timeout", &self.release_timeout)
             .field("probe_interval", &self.probe_interval)
             .field("probe_grace", &self.probe_grace)
+            .field("detect_lost_locks", &self.detect_lost_locks)
+            .field("silence_timeout", &self.silence_timeout)
             .field("handoff", &self.handoff)
             .field("lock_sessions", &self.lock_sessions)
             .field("session_idle_timeout", &self.session_idle_timeout)

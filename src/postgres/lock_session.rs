@@ -6,6 +6,13 @@
 //! waits, so a dropped caller cannot leave the connection half-way through a statement (which
 //! would force it closed, and every other lock on it with it). When the caller of a granted
 //! try has gone, the task unlocks at once, before its next command.
+//!
+//! The task also keeps the session heard: when no statement has been answered for the
+//! heartbeat interval, it sends the cheapest exchange the protocol has. That keeps the server's
+//! silence timeout from ending a healthy session, and is how the manager learns that a session,
+//! and so every lock on it, is gone: the exchange fails or goes unanswered. A contended lock,
+//! waited for on a session of its own, is held through such a task too, once granted
+//! ([`LockSession::adopt`]).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -20,7 +27,8 @@ use tokio::time::{Instant, Sleep, timeout_at};
 use super::errors::{breaks_connection, has_sqlstate};
 use super::statements::{Statements, target_args};
 use super::wait_session::PgSession;
-use crate::{LockMode, LockTarget};
+use crate::core::Liveness;
+use crate::{LockMode, LockTarget, LossCause};
 
 /// Why a command did not complete.
 #[derive(Debug)]
@@ -46,14 +54,30 @@ pub(crate) struct SessionContext {
     pub(crate) statement_timeout: Duration,
     /// How long a session holding no lock stays available before it retires.
     pub(crate) idle_timeout: Duration,
+    /// How the task keeps its session heard, if it does.
+    pub(crate) heartbeat: Option<Heartbeat>,
+    /// The silence after which the server ends a session (`idle_session_timeout`), if set.
+    pub(crate) silence: Option<Duration>,
+    /// Whether lost locks are reported (the manager detects them).
+    pub(crate) report_loss: bool,
+}
+
+/// How often a session that has gone unheard is pinged, and how long the answer may take.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Heartbeat {
+    /// A session unheard for this long is pinged.
+    pub(crate) every: Duration,
+    /// A ping unanswered for this long gives the session up: its locks can no longer be
+    /// confirmed ([`LossCause::Unverifiable`]).
+    pub(crate) answer_within: Duration,
 }
 
 /// Told when a session stops being available.
 pub(crate) trait SessionEvents: Send + Sync + 'static {
     /// The session holds nothing and has been idle: stop handing it out.
     fn retired(&self, id: u64);
-    /// The session closed, with whatever locks it held on the server session `pid`.
-    fn closed(&self, id: u64, pid: i32);
+    /// The session closed, and the locks it held went with it (see [`Lease::ended`]).
+    fn closed(&self, id: u64);
 }
 
 /// A granted try's lease and fencing token, `None` when the lock is held elsewhere.
@@ -85,6 +109,8 @@ struct Shared {
     held: AtomicUsize,
     /// False once the session retired or closed: it is handed out no more.
     unavailable: AtomicBool,
+    /// Why the session ended, once it has: its locks went with it.
+    ended: std::sync::OnceLock<LossCause>,
 }
 
 /// A handle on a lock session.
@@ -93,6 +119,8 @@ pub(crate) struct LockSession {
     pub(crate) pid: i32,
     commands: mpsc::UnboundedSender<Command>,
     shared: Arc<Shared>,
+    /// How long its locks can be trusted unheard; `None` without a silence timeout.
+    liveness: Option<Arc<Liveness>>,
 }
 
 impl LockSession {
@@ -103,15 +131,55 @@ impl LockSession {
         context: Arc<SessionContext>,
         events: Weak<dyn SessionEvents>,
     ) -> Arc<LockSession> {
+        Self::spawn(id, conn, context, events, 0)
+    }
+
+    /// Takes over `conn`, a session that waited for `target` and now holds it, and returns the
+    /// lease on it. The session carries no other lock and is handed out for nothing else; its
+    /// task ends (returning the connection clean, or closing it) once the lease is gone.
+    pub(crate) fn adopt(
+        id: u64,
+        conn: PgSession,
+        context: Arc<SessionContext>,
+        events: Weak<dyn SessionEvents>,
+        target: LockTarget,
+        mode: LockMode,
+    ) -> Lease {
+        let session = Self::spawn(id, conn, context, events, 1);
+        session.shared.unavailable.store(true, Ordering::SeqCst);
+        Lease {
+            session,
+            target,
+            mode,
+            armed: true,
+        }
+    }
+
+    fn spawn(
+        id: u64,
+        conn: PgSession,
+        context: Arc<SessionContext>,
+        events: Weak<dyn SessionEvents>,
+        held: usize,
+    ) -> Arc<LockSession> {
         let (commands, inbox) = mpsc::unbounded_channel();
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared {
+            held: AtomicUsize::new(held),
+            ..Shared::default()
+        });
         let pid = conn.pid;
+        let silence = context.silence;
+        let liveness = Arc::new(Liveness::new(conn.heard, silence.unwrap_or(Duration::MAX)));
+        // Guards expire with the session only where losses are reported at all.
+        let shared_liveness =
+            (silence.is_some() && context.report_loss).then(|| Arc::clone(&liveness));
         Arc::new_cyclic(|me: &Weak<LockSession>| {
             let task = Task {
                 id,
                 conn,
                 watchdog: Watchdog::new(),
                 last_active: Instant::now(),
+                liveness: Arc::clone(&liveness),
                 inbox,
                 me: me.clone(),
                 shared: Arc::clone(&shared),
@@ -124,6 +192,7 @@ impl LockSession {
                 pid,
                 commands,
                 shared,
+                liveness: shared_liveness,
             }
         })
     }
@@ -186,8 +255,14 @@ pub(crate) struct Lease {
 }
 
 impl Lease {
-    pub(crate) fn pid(&self) -> i32 {
-        self.session.pid
+    /// How long the lock can be trusted without hearing from its session again.
+    pub(crate) fn liveness(&self) -> Option<Arc<Liveness>> {
+        self.session.liveness.clone()
+    }
+
+    /// Why the lock's session ended, once it has.
+    pub(crate) fn ended(&self) -> Option<LossCause> {
+        self.session.shared.ended.get().cloned()
     }
 
     /// Unlocks and reports what the server said: `Ok(false)` when the session no longer held
@@ -250,6 +325,8 @@ struct Task {
     watchdog: Watchdog,
     /// When the last command finished.
     last_active: Instant,
+    /// When the session was last heard, shared with the guards of its locks.
+    liveness: Arc<Liveness>,
     inbox: mpsc::UnboundedReceiver<Command>,
     me: Weak<LockSession>,
     shared: Arc<Shared>,
@@ -272,49 +349,109 @@ impl Drop for Task {
 
 impl Task {
     async fn run(mut self) {
-        while let Some(command) = self.next().await {
+        loop {
+            let command = match self.next().await {
+                Ok(Some(command)) => command,
+                // Every handle is gone, so every lease was unlocked: the connection goes back
+                // to the pool as the task ends (see `Drop`).
+                Ok(None) => return,
+                Err(cause) => return self.close(cause),
+            };
             let outcome = self.execute(command).await;
             self.last_active = Instant::now();
             self.shared.queued.fetch_sub(1, Ordering::SeqCst);
             if outcome.is_err() {
-                return self.close();
+                return self.close(LossCause::SessionClosed);
             }
         }
-        // Every handle is gone, so every lease was unlocked: the connection goes back to the
-        // pool as the task ends (see `Drop`).
     }
 
-    /// The next command; retires the session once it has held nothing for the idle timeout.
-    async fn next(&mut self) -> Option<Command> {
+    /// The next command. Meanwhile, pings the session whenever it has gone unheard for the
+    /// heartbeat interval, and retires it once it has held nothing for the idle timeout. Fails
+    /// with the cause of the loss of its locks once the session is gone, or may be.
+    async fn next(&mut self) -> Result<Option<Command>, LossCause> {
         loop {
-            if self.shared.held.load(Ordering::SeqCst) > 0
-                || self.shared.unavailable.load(Ordering::SeqCst)
-            {
-                return self.inbox.recv().await;
+            if self.liveness.expired() {
+                // Unheard for longer than the server allows (the process was frozen, or
+                // starved): the session may be gone, and its locks with it.
+                return Err(LossCause::Expired);
             }
-            let idle_until = self.last_active + self.context.idle_timeout;
+            let held = self.shared.held.load(Ordering::SeqCst);
+            let unavailable = self.shared.unavailable.load(Ordering::SeqCst);
+            let idle_until =
+                (held == 0 && !unavailable).then(|| self.last_active + self.context.idle_timeout);
+            // A session is kept heard while it holds locks, and while it is offered for new
+            // ones when the server would end it for its silence.
+            let keep_heard = held > 0 || (!unavailable && self.context.silence.is_some());
+            let ping_at = (self.context.heartbeat)
+                .filter(|_| keep_heard)
+                .map(|heartbeat| self.liveness.last_heard() + heartbeat.every);
+            let Some(wake_at) = [idle_until, ping_at].into_iter().flatten().min() else {
+                return Ok(self.inbox.recv().await);
+            };
             tokio::select! {
-                command = self.inbox.recv() => return command,
-                () = self.watchdog.until(idle_until) => {
-                    if self.shared.held.load(Ordering::SeqCst) == 0 && self.inbox.is_empty() {
-                        // Handles taken before this still work; the task ends with the last.
-                        self.shared.unavailable.store(true, Ordering::SeqCst);
-                        if let Some(events) = self.events.upgrade() {
-                            events.retired(self.id);
-                        }
-                    }
-                }
+                command = self.inbox.recv() => return Ok(command),
+                () = self.watchdog.until(wake_at) => {}
+            }
+            if idle_until.is_some_and(|at| Instant::now() >= at) {
+                self.retire();
+            } else if ping_at.is_some_and(|at| Instant::now() >= at) {
+                self.ping().await?;
             }
         }
     }
 
-    fn close(mut self) {
+    fn retire(&mut self) {
+        if self.shared.held.load(Ordering::SeqCst) == 0 && self.inbox.is_empty() {
+            // Handles taken before this still work; the task ends with the last.
+            self.shared.unavailable.store(true, Ordering::SeqCst);
+            if let Some(events) = self.events.upgrade() {
+                events.retired(self.id);
+            }
+        }
+    }
+
+    /// One heartbeat: the server's answer confirms the session and every lock on it.
+    async fn ping(&mut self) -> Result<(), LossCause> {
+        let Some(heartbeat) = self.context.heartbeat else {
+            return Ok(());
+        };
+        let due = Instant::now() + heartbeat.answer_within;
+        let answer = tokio::select! {
+            biased;
+            answer = self.conn.ping() => Some(answer),
+            () = self.watchdog.until(due) => None,
+        };
+        match answer {
+            Some(Ok(())) => {
+                self.liveness.heard(self.conn.heard);
+                Ok(())
+            }
+            // The server ended the session (terminated, restarted, timed out) or the network
+            // did: its locks are free on the server.
+            Some(Err(err)) => {
+                tracing::debug!(pid = self.conn.pid, error = %err, "lock session heartbeat failed");
+                Err(LossCause::NotOnServer)
+            }
+            // No answer: the locks may be given to someone else meanwhile.
+            None => Err(LossCause::Unverifiable),
+        }
+    }
+
+    fn heard(&mut self, sent: Instant) {
+        self.conn.heard = sent;
+        self.liveness.heard(sent);
+    }
+
+    fn close(mut self, cause: LossCause) {
         self.shared.unavailable.store(true, Ordering::SeqCst);
+        // Recorded before anyone is told, so the locks registered from now on see it.
+        let _ = self.shared.ended.set(cause);
         self.conn.mark_dirty();
         // Commands still queued are answered "closed" as their senders see the channel drop.
         self.inbox.close();
         if let Some(events) = self.events.upgrade() {
-            events.closed(self.id, self.conn.pid);
+            events.closed(self.id);
         }
     }
 
@@ -366,13 +503,14 @@ impl Task {
             AssertSqlSafe(statement),
             args,
         );
+        let sent = Instant::now();
         let answer = bounded(
             &mut self.watchdog,
             self.context.statement_timeout,
             query.fetch_one(self.conn.conn()),
         )
         .await;
-        let (granted, token) = match self.settle(answer) {
+        let (granted, token) = match self.settle(sent, answer) {
             Ok(row) => row,
             Err(SessionError::Database(err)) => {
                 // A fenced try can fail after its lock was granted (the mint failed), and a
@@ -428,6 +566,7 @@ impl Task {
         let args = target_args(target, self.conn.pid);
         let query =
             sqlx::query_scalar_with::<_, Option<bool>, _>(Statements::unlock(mode, target), args);
+        let sent = Instant::now();
         let answer = bounded(
             &mut self.watchdog,
             self.context.statement_timeout,
@@ -437,7 +576,7 @@ impl Task {
         // Whatever the server says, this session no longer holds the lock for us: either it
         // unlocked, or it did not hold it, or the session is about to close.
         self.shared.held.fetch_sub(1, Ordering::SeqCst);
-        self.settle(answer)?.ok_or(SessionError::Pooled)
+        self.settle(sent, answer)?.ok_or(SessionError::Pooled)
     }
 
     async fn mint(&mut self, target: LockTarget) -> Result<Option<i64>, SessionError> {
@@ -445,34 +584,42 @@ impl Task {
             return Ok(None);
         };
         let query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(statement)).bind(target.packed());
+        let sent = Instant::now();
         let answer = bounded(
             &mut self.watchdog,
             self.context.statement_timeout,
             query.fetch_one(self.conn.conn()),
         )
         .await;
-        self.settle(answer).map(Some)
+        self.settle(sent, answer).map(Some)
     }
 
     /// Releases `target` in `mode` if, and only if, this session holds it.
     async fn reconcile(&mut self, target: LockTarget, mode: LockMode) -> Result<(), Broken> {
         let sql = Statements::unlock_if_held(target, mode);
         let query = sqlx::query(AssertSqlSafe(sql));
+        let sent = Instant::now();
         let answer = bounded(
             &mut self.watchdog,
             self.context.statement_timeout,
             query.fetch_all(self.conn.conn()),
         )
         .await;
-        self.settle(answer).map(|_| ()).map_err(|_| Broken)
+        self.settle(sent, answer).map(|_| ()).map_err(|_| Broken)
     }
 
     /// Turns a statement's answer into a result, keeping the session only when the statement
     /// completed or the server refused it.
-    fn settle<T>(&mut self, answer: Option<Result<T, sqlx::Error>>) -> Result<T, SessionError> {
+    /// `sent`: when the statement was sent; an answer means the server heard the session then.
+    fn settle<T>(
+        &mut self,
+        sent: Instant,
+        answer: Option<Result<T, sqlx::Error>>,
+    ) -> Result<T, SessionError> {
         match answer {
             Some(Ok(value)) => {
                 self.conn.mark_clean();
+                self.heard(sent);
                 Ok(value)
             }
             // The session's own prepared statements are missing (26000), or another client's
@@ -483,6 +630,7 @@ impl Task {
             }
             Some(Err(err)) if !breaks_connection(&err) => {
                 self.conn.mark_clean();
+                self.heard(sent);
                 Err(SessionError::Database(err))
             }
             // The session is done for: stop handing it out before anyone hears of it, so a

@@ -10,10 +10,11 @@ use tokio::sync::{Notify, OnceCell};
 use tokio::time::{Instant, timeout, timeout_at};
 
 use super::errors::Failure;
-use super::lock_session::{LockSession, SessionContext, SessionEvents};
+use super::lock_session::{Lease, LockSession, SessionContext, SessionEvents};
 use super::monitor::Monitor;
 use super::wait_session::{IdleSessions, PgSession, SetUp};
 use crate::core::Budget;
+use crate::{LockMode, LockTarget};
 
 pub(crate) struct SessionsConfig {
     /// At most this many lock sessions at once.
@@ -76,6 +77,21 @@ impl LockSessions {
                 next_id: AtomicU64::new(0),
             }),
         }
+    }
+
+    /// Takes over `session`, which waited for `target` and holds it now, as a lock session of
+    /// its own: kept heard and watched like the others, and never handed out for other locks.
+    pub(crate) fn adopt(&self, session: PgSession, target: LockTarget, mode: LockMode) -> Lease {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let events: Weak<Inner> = Arc::downgrade(&self.inner);
+        LockSession::adopt(
+            id,
+            session,
+            Arc::clone(&self.inner.context),
+            events,
+            target,
+            mode,
+        )
     }
 
     /// How many lock sessions are open.
@@ -224,7 +240,7 @@ impl Inner {
             reason: format!("a new lock session's set-up went unanswered for {bound:?}"),
             transient: true,
         };
-        let set_up = timeout(bound, session.set_up(statements.tag.as_deref()))
+        let set_up = timeout(bound, session.set_up(&statements.settings))
             .await
             .map_err(|_| unanswered())?
             .map_err(|err| Failure::from_sqlx(&err))?;
@@ -259,11 +275,10 @@ impl SessionEvents for Inner {
         self.changed.notify_waiters();
     }
 
-    fn closed(&self, id: u64, pid: i32) {
+    fn closed(&self, id: u64) {
         self.state().live.retain(|session| session.id != id);
         self.changed.notify_waiters();
-        // Its locks are out of the manager's hands: the monitor reports them now rather than
-        // at the next probe.
-        self.monitor.session_closed(pid);
+        // Its locks are out of the manager's hands: the monitor tells their holders.
+        self.monitor.session_ended();
     }
 }

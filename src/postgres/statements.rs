@@ -23,15 +23,71 @@ pub(crate) fn whole_ms(duration: std::time::Duration) -> u128 {
     duration.as_nanos().div_ceil(1_000_000)
 }
 
-/// Sets up a session the manager is about to use: reports its process id, the name to restore
-/// later, whether the server is a standby and its `max_locks_per_transaction` (for the default
-/// budget of held locks), and (when `$1` is not null) tags it.
-pub(crate) const SETUP: &str = "SELECT pg_backend_pid(), current_setting('application_name'), \
-     pg_is_in_recovery(), current_setting('max_locks_per_transaction')::int8, \
-     CASE WHEN $1::text IS NULL THEN NULL ELSE set_config('application_name', $1, false) END";
+/// Sets up a session the manager is about to use: reports its process id, whether the server
+/// is a standby and its `max_locks_per_transaction` (for the default budget of held locks), and
+/// the values the settings named in `$1` had (NULL where the server has no such setting), and
+/// then gives them the values in `$2`, skipping those the server does not know (an older
+/// server lacks `idle_session_timeout`). The materialized CTE reads the old values before the
+/// outer query changes them.
+pub(crate) const SETUP: &str = "WITH before AS MATERIALIZED (\
+       SELECT pg_backend_pid() AS pid, pg_is_in_recovery() AS standby, \
+         current_setting('max_locks_per_transaction')::int8 AS max_locks, \
+         ARRAY(SELECT current_setting(n, true) FROM unnest($1::text[]) WITH ORDINALITY AS s(n, i) \
+           ORDER BY i) AS settings) \
+     SELECT pid, standby, max_locks, settings, \
+       (SELECT count(set_config(n, v, false)) FROM unnest($1::text[], $2::text[]) AS s(n, v) \
+          WHERE current_setting(n, true) IS NOT NULL) \
+     FROM before";
 
-/// Restores the `application_name` a session had before the manager tagged it.
-pub(crate) const RESTORE_NAME: &str = "SELECT set_config('application_name', $1, false)";
+/// Gives the settings named in `$1` the values in `$2` again: what they were before the
+/// manager set the session up.
+pub(crate) const RESTORE: &str =
+    "SELECT count(set_config(n, v, false)) FROM unnest($1::text[], $2::text[]) AS s(n, v)";
+
+/// What the manager sets on every session it uses, and restores before the session goes back
+/// to the pool.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SessionSettings {
+    pub(crate) names: Vec<String>,
+    pub(crate) values: Vec<String>,
+}
+
+impl SessionSettings {
+    /// `application_name` tagged with `tag`, and, with a `silence` timeout, the server's
+    /// bounds on a silent client: `idle_session_timeout` (PostgreSQL 14 and later) for a
+    /// session that receives nothing, which is what frees a frozen holder's locks, and the TCP
+    /// keepalives and user timeout for a peer that has gone from the network while a
+    /// statement runs. Every one of them is a setting any role may change on its own session.
+    pub(crate) fn new(tag: Option<&str>, silence: Option<std::time::Duration>) -> Self {
+        let mut settings = SessionSettings::default();
+        if let Some(tag) = tag {
+            settings.set("application_name", tag.to_owned());
+        }
+        if let Some(silence) = silence {
+            let ms = whole_ms(silence).max(1);
+            let secs = ms.div_ceil(1000).max(3);
+            // Keepalives: the first probe after a third of the bound, then four probes over the
+            // rest, so the kernel gives up on a silent peer within about the bound.
+            let idle = (secs / 3).max(1);
+            let interval = ((secs - idle) / 4).max(1);
+            settings.set("idle_session_timeout", format!("{ms}ms"));
+            settings.set("tcp_user_timeout", format!("{ms}ms"));
+            settings.set("tcp_keepalives_idle", idle.to_string());
+            settings.set("tcp_keepalives_interval", interval.to_string());
+            settings.set("tcp_keepalives_count", "4".to_owned());
+        }
+        settings
+    }
+
+    fn set(&mut self, name: &str, value: String) {
+        self.names.push(name.to_owned());
+        self.values.push(value);
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+}
 
 pub(crate) struct Statements {
     // Shared, so binding a statement to a query does not copy its text. Indexed by
@@ -40,8 +96,8 @@ pub(crate) struct Statements {
     /// Mints the next token of fencing row `$1`, after a handoff.
     mint: Option<Arc<str>>,
     pub(crate) fencing: Option<FencingTable>,
-    /// The `application_name` of the manager's sessions while it uses them.
-    pub(crate) tag: Option<String>,
+    /// What the manager sets on its sessions while it uses them.
+    pub(crate) settings: SessionSettings,
 }
 
 fn slot(mode: LockMode, target: LockTarget) -> usize {
@@ -70,7 +126,7 @@ fn bound_args(pair: bool) -> (&'static str, &'static str, &'static str) {
 }
 
 impl Statements {
-    pub(crate) fn new(fencing: Option<FencingTable>, tag: Option<String>) -> Self {
+    pub(crate) fn new(fencing: Option<FencingTable>, settings: SessionSettings) -> Self {
         // Columns: granted, token.
         let try_statement = |mode: LockMode, pair: bool| {
             let function = match mode {
@@ -98,7 +154,7 @@ impl Statements {
             ],
             mint: fencing.as_ref().map(|table| table.mint("$1").into()),
             fencing,
-            tag,
+            settings,
         }
     }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, Row};
-use tokio::time::{Instant, timeout_at};
+use tokio::time::{Instant, timeout, timeout_at};
 
 use super::backend::PgBackend;
 use super::errors::{Failure, LOCK_NOT_AVAILABLE, connection_error, has_sqlstate, statement_error};
@@ -25,7 +25,11 @@ impl PgBackend {
         let mut retries = 2;
         loop {
             let mut session = self.checkout(req).await?;
-            match self.wait_on(&mut session, req).await {
+            let waited = match self.wait_on(&mut session, req).await {
+                Ok(token) => self.confirm(&mut session, req).await.map(|()| token),
+                Err(err) => Err(err),
+            };
+            match waited {
                 Ok(token) => return Ok((session, token)),
                 Err(Error::Connection { .. })
                     if retries > 0 && req.deadline.is_none_or(|d| Instant::now() < d) =>
@@ -35,6 +39,31 @@ impl PgBackend {
                 }
                 Err(err) => return Err(err),
             }
+        }
+    }
+
+    /// Makes sure a session granted its lock after a long wait is still there. The server
+    /// counts a session's silence from the end of its last statement, which the client cannot
+    /// date: it knows only when it sent it. After a wait shorter than half the silence timeout,
+    /// that is recent enough; after a longer one (or one answered to a process frozen
+    /// meanwhile, whose session the server may have ended after the grant), a ping dates the
+    /// session's silence afresh, or finds it gone: then the lock is not held and the wait is
+    /// made again while the deadline allows.
+    async fn confirm(&self, session: &mut PgSession, req: &Request<'_>) -> Result<()> {
+        let Some(silence) = self.silence else {
+            return Ok(());
+        };
+        if session.heard.elapsed() < silence / 2 {
+            return Ok(());
+        }
+        match timeout(self.release_timeout, session.ping()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(err)) => Err(connection_error(req.key, err)),
+            Err(_) => Err(Error::Connection {
+                key: req.name(),
+                reason: "a session granted its lock did not answer a ping".to_owned(),
+                source: None,
+            }),
         }
     }
 
@@ -82,7 +111,7 @@ impl PgBackend {
 
     async fn wait_on(&self, session: &mut PgSession, req: &Request<'_>) -> Result<Option<i64>> {
         if !session.is_set_up() {
-            let set_up = session.set_up(self.statements.tag.as_deref());
+            let set_up = session.set_up(&self.statements.settings);
             let answered = match req.deadline {
                 // A set-up cut short leaves the connection mid-statement: it is closed.
                 Some(deadline) => timeout_at(deadline, set_up)
@@ -136,6 +165,7 @@ impl PgBackend {
             timeout_ms,
             (session.pid, session.server_version()),
         );
+        let sent = Instant::now();
         let waiting = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(session.conn());
         let answer = match timeout_ms {
             Some(ms) => {
@@ -167,7 +197,10 @@ impl PgBackend {
             Ok(Waited::Granted(token))
         });
         match parsed {
-            Ok(Waited::Granted(token)) => Ok(token),
+            Ok(Waited::Granted(token)) => {
+                session.heard = sent;
+                Ok(token)
+            }
             Ok(Waited::Pooled) => Err(WaitEnd::Failed(Error::TransactionPooling {
                 key: req.name(),
             })),
@@ -182,24 +215,6 @@ impl PgBackend {
             }
             Err(err) => Err(WaitEnd::Failed(statement_error(req.key, err))),
         }
-    }
-
-    /// Mints a token for a lock a wait session holds (after a handoff).
-    pub(crate) async fn mint_on(
-        &self,
-        req: &Request<'_>,
-        session: &mut PgSession,
-    ) -> Result<Option<i64>> {
-        let Some(mint) = self.statements.mint() else {
-            return Ok(None);
-        };
-        let token = sqlx::query_scalar::<_, i64>(AssertSqlSafe(mint))
-            .bind(req.lock_id)
-            .fetch_one(session.conn())
-            .await
-            .map_err(|err| statement_error(req.key, err))?;
-        // The session still holds the lock: it stays dirty until unlocked.
-        Ok(Some(token))
     }
 }
 

@@ -9,6 +9,8 @@ use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, Postgres};
 use tokio::time::Instant;
 
+use super::statements::SessionSettings;
+
 /// Clean sessions released by the manager, kept for a short while instead of going straight
 /// back to the pool. sqlx checks every connection returned to its pool with a round trip on a
 /// spawned task; a lock loop that reuses the connection it just released skips that, and does
@@ -20,12 +22,13 @@ pub(crate) struct IdleSessions {
     reaper_running: AtomicBool,
 }
 
-/// A kept session, with the `application_name` to restore before it goes back to the pool.
+/// A kept session, with the settings to restore before it goes back to the pool.
 struct Idle {
     conn: PoolConnection<Postgres>,
     since: Instant,
-    original_name: Option<String>,
+    restore: Option<SessionSettings>,
     pid: i32,
+    heard: Instant,
 }
 
 impl IdleSessions {
@@ -49,21 +52,24 @@ impl IdleSessions {
             idle: Arc::clone(self),
             clean: true,
             pid: idle.pid,
-            original_name: idle.original_name,
+            restore: idle.restore,
+            heard: idle.heard,
         })
     }
 
     fn put(
         self: &Arc<Self>,
         conn: PoolConnection<Postgres>,
-        original_name: Option<String>,
+        restore: Option<SessionSettings>,
         pid: i32,
+        heard: Instant,
     ) {
         let idle = Idle {
             conn,
             since: Instant::now(),
-            original_name,
+            restore,
             pid,
+            heard,
         };
         if self.max == 0 {
             return return_to_pool(idle);
@@ -89,22 +95,22 @@ impl IdleSessions {
     }
 }
 
-/// Gives a clean session back to the pool, first restoring the `application_name` the manager
-/// changed. That takes a round trip, so it happens on a task of its own; without a runtime (or
-/// if the restore fails) the connection is closed instead, never pooled with our name on it.
+/// Gives a clean session back to the pool, first restoring the settings the manager changed
+/// (its `application_name`, its silence timeouts). That takes a round trip, so it happens on a
+/// task of its own; without a runtime (or if the restore fails) the connection is closed
+/// instead, never pooled with our settings on it.
 fn return_to_pool(idle: Idle) {
     let Idle {
-        mut conn,
-        original_name,
-        ..
+        mut conn, restore, ..
     } = idle;
-    let Some(name) = original_name else {
+    let Some(restore) = restore.filter(|restore| !restore.is_empty()) else {
         return drop(conn);
     };
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => drop(runtime.spawn(async move {
-            let restored = sqlx::query(super::statements::RESTORE_NAME)
-                .bind(name)
+            let restored = sqlx::query(super::statements::RESTORE)
+                .bind(restore.names)
+                .bind(restore.values)
                 .execute(&mut *conn)
                 .await;
             if restored.is_err() {
@@ -171,8 +177,11 @@ pub(crate) struct PgSession {
     clean: bool,
     /// The backend process id, once a lock statement has reported it.
     pub(crate) pid: i32,
-    /// The connection's `application_name` before the manager tagged it, if it did.
-    original_name: Option<String>,
+    /// The settings the manager changed, with the values they had before.
+    restore: Option<SessionSettings>,
+    /// When the latest statement the server answered was sent: from then on the server counts
+    /// the session's silence (see `core/liveness.rs`).
+    pub(crate) heard: Instant,
 }
 
 impl PgSession {
@@ -182,7 +191,8 @@ impl PgSession {
             idle,
             clean: true,
             pid: 0,
-            original_name: None,
+            restore: None,
+            heard: Instant::now(),
         }
     }
 
@@ -191,23 +201,50 @@ impl PgSession {
         self.pid != 0
     }
 
-    /// Learns the backend's process id and what the server is, and tags the session with
-    /// `tag` (restored before the connection goes back to the pool).
-    pub(crate) async fn set_up(&mut self, tag: Option<&str>) -> Result<SetUp, sqlx::Error> {
-        let (pid, before, standby, max_locks_per_transaction, _) =
-            sqlx::query_as::<_, (i32, String, bool, i64, Option<String>)>(super::statements::SETUP)
-                .bind(tag)
-                .fetch_one(self.conn())
-                .await?;
+    /// Learns the backend's process id and what the server is, and gives the session the
+    /// manager's `settings` (restored before the connection goes back to the pool).
+    pub(crate) async fn set_up(
+        &mut self,
+        settings: &SessionSettings,
+    ) -> Result<SetUp, sqlx::Error> {
+        let sent = Instant::now();
+        let (pid, standby, max_locks_per_transaction, before, _) =
+            sqlx::query_as::<_, (i32, bool, i64, Vec<Option<String>>, i64)>(
+                super::statements::SETUP,
+            )
+            .bind(&settings.names)
+            .bind(&settings.values)
+            .fetch_one(self.conn())
+            .await?;
         self.mark_clean();
         self.pid = pid;
-        if tag.is_some() {
-            self.original_name.get_or_insert(before);
+        self.heard = sent;
+        if self.restore.is_none() {
+            // What the server knows of the settings, as it was: those it lacks were not set.
+            let mut restore = SessionSettings::default();
+            for (name, value) in settings.names.iter().zip(before) {
+                if let Some(value) = value {
+                    restore.names.push(name.clone());
+                    restore.values.push(value);
+                }
+            }
+            self.restore = Some(restore);
         }
         Ok(SetUp {
             standby,
             max_locks_per_transaction: usize::try_from(max_locks_per_transaction).unwrap_or(0),
         })
+    }
+
+    /// Sends the server a bare `Sync` and waits for its answer: the cheapest exchange the
+    /// protocol has. The session's silence starts again from now, and a session the server has
+    /// ended shows as an error. Cut short, it leaves the connection dirty (closed as it drops).
+    pub(crate) async fn ping(&mut self) -> Result<(), sqlx::Error> {
+        let sent = Instant::now();
+        sqlx::Connection::ping(self.conn()).await?;
+        self.mark_clean();
+        self.heard = sent;
+        Ok(())
     }
 
     /// Makes sure the role can mint tokens in the fencing table, creating it where it is
@@ -270,7 +307,9 @@ impl Drop for PgSession {
             return;
         };
         if self.clean {
-            return self.idle.put(conn, self.original_name.take(), self.pid);
+            return self
+                .idle
+                .put(conn, self.restore.take(), self.pid, self.heard);
         }
         if tokio::runtime::Handle::try_current().is_ok() {
             // Sends Terminate and closes on a task; sqlx keeps the pool's count right.
