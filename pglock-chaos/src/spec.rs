@@ -39,7 +39,7 @@ pub struct Timing {
     pub probe: Duration,
     /// `probe_grace` of every manager.
     pub grace: Duration,
-    /// The silent-holder bound (`silence_timeout`), once the library has it.
+    /// The silent-holder bound (`silence_timeout`); `None` turns it off.
     pub silence: Option<Duration>,
 }
 
@@ -48,7 +48,10 @@ impl Default for Timing {
         Timing {
             probe: Duration::from_millis(150),
             grace: Duration::from_millis(300),
-            silence: None,
+            // Short, so a holder frozen or cut off for longer loses its locks to the others
+            // within the run; the probe (a ping that keeps healthy sessions heard) is well
+            // under a quarter of it.
+            silence: Some(Duration::from_secs(2)),
         }
     }
 }

@@ -112,6 +112,9 @@ pub fn manager(
         .fencing(fencing)
         .probe_interval(timing.probe)
         .probe_grace(timing.grace);
-    // silence_timeout: see Timing::silence.
-    builder.build()
+    match timing.silence {
+        Some(bound) => builder.silence_timeout(bound),
+        None => builder.silence_timeout(Duration::ZERO),
+    }
+    .build()
 }
