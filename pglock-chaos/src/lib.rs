@@ -29,7 +29,6 @@ pub mod resource;
 pub mod rng;
 pub mod run;
 pub mod spec;
-pub mod summary;
 pub mod worker;
 pub mod workers;
 pub mod workload;

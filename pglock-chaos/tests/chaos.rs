@@ -12,7 +12,7 @@ use pglock_chaos::checker::{AnomalyKind, Report};
 use pglock_chaos::history::{Op, Outcome};
 use pglock_chaos::nemesis::{FaultKind, Pace};
 use pglock_chaos::run::{self, Config};
-use pglock_chaos::spec::Mode;
+use pglock_chaos::spec::{Mode, Timing, WorkerSpec};
 
 /// The runs share two cores with the rest of the tests: one at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -101,4 +101,40 @@ async fn the_checker_catches_unfenced_work_in_the_negative_control() {
             || kinds.contains(&AnomalyKind::OverlappingSections),
         "neither lost increments nor overlapping sections: {context}"
     );
+}
+
+/// Stray worker arguments do not make a worker of a process spawned by anyone else: the
+/// worker checks its parent's pid before it does anything.
+#[test]
+fn a_worker_whose_parent_is_not_the_one_named_refuses_to_run() {
+    let spec = WorkerSpec {
+        name: "w9".to_owned(),
+        // Not this test's pid, which is the spawned process's parent.
+        parent: std::process::id() + 1,
+        lock_port: 9,
+        resource_url: "postgres://postgres@127.0.0.1:9/postgres".to_owned(),
+        prefix: "stray".to_owned(),
+        tasks: 1,
+        seed: 0,
+        mode: Mode::Safe,
+        timing: Timing::default(),
+    };
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pglock-chaos"))
+        .args(spec.to_args())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn the binary");
+    let pid = rustix::process::Pid::from_child(&child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    let Ok(status) = rx.recv_timeout(Duration::from_secs(20)) else {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        panic!("the would-be worker did not exit within 20 s");
+    };
+    let status = status.expect("its status");
+    assert_eq!(status.code(), Some(2), "it should refuse, with code 2");
 }
