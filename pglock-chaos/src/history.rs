@@ -135,6 +135,24 @@ pub fn read_jsonl(path: impl AsRef<Path>) -> io::Result<Vec<Record>> {
     parse_jsonl(&text).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
 }
 
+/// Reads every `*.jsonl` file of a directory, in name order, as one history (a run writes a
+/// file per worker process, one for the nemesis and one for the resource's read-back).
+pub fn read_jsonl_dir(dir: impl AsRef<Path>) -> io::Result<Vec<Record>> {
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "jsonl") && path.is_file() {
+            paths.push(path);
+        }
+    }
+    paths.sort();
+    let mut records = Vec::new();
+    for path in paths {
+        records.extend(read_jsonl(path)?);
+    }
+    Ok(records)
+}
+
 /// Parses a history of JSON lines, one [`Record`] per line.
 ///
 /// Blank lines are skipped. A last line that has no newline and does not parse is dropped:

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use pglock_chaos::history::{
-    HistoryWriter, Op, Outcome, Record, parse_jsonl, read_jsonl, write_jsonl,
+    HistoryWriter, Op, Outcome, Record, parse_jsonl, read_jsonl, read_jsonl_dir, write_jsonl,
 };
 use pglock_chaos::svg::{Options, timeline, timeline_with};
 
@@ -76,6 +76,18 @@ fn a_shared_writer_keeps_every_line_whole() {
         assert_eq!(starts, (0..50).collect::<Vec<_>>(), "task {task}");
     }
     assert_eq!(history[200].detail.as_deref(), Some("kill"));
+
+    // The files of a run's directory read as one history, other files left out.
+    let dir = path.parent().unwrap();
+    write_jsonl(dir.join("nemesis.jsonl"), &[fault("stop", (1, 2))]).unwrap();
+    std::fs::write(dir.join("notes.txt"), "not a history").unwrap();
+    let all = read_jsonl_dir(dir).unwrap();
+    assert_eq!(all.len(), 202);
+    assert_eq!(
+        all[0].detail.as_deref(),
+        Some("stop"),
+        "nemesis.jsonl before w1.jsonl"
+    );
 }
 
 #[test]
