@@ -80,7 +80,7 @@ fn a_shared_writer_keeps_every_line_whole() {
     // The files of a run's directory read as one history, other files left out.
     let dir = path.parent().unwrap();
     write_jsonl(dir.join("nemesis.jsonl"), &[fault("stop", (1, 2))]).unwrap();
-    std::fs::write(dir.join("notes.txt"), "not a history").unwrap();
+    std::fs::write(dir.join("notes.txt"), "not a history\n").unwrap();
     let all = read_jsonl_dir(dir).unwrap();
     assert_eq!(all.len(), 202);
     assert_eq!(
