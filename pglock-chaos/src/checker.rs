@@ -6,6 +6,24 @@
 //! older than one already accepted, a counter outside what the increments allow, a leader's
 //! log appended to by an older term after a newer one, a job window run twice. Liveness is
 //! judged per fault: the time from its heal to the next successful operation of any worker.
+//!
+//! ```no_run
+//! use pglock_chaos::checker::{Bounds, check};
+//! use pglock_chaos::history::read_jsonl_dir;
+//! use pglock_chaos::{report, svg};
+//!
+//! # fn main() -> std::io::Result<()> {
+//! let history = read_jsonl_dir("target/chaos/run-1")?;
+//! // A failover promotes a standby: allow it longer than the other faults.
+//! let bounds = Bounds::new(30_000_000).with_kind("failover", 60_000_000);
+//! let report = check(&history, &bounds);
+//! println!("{report}");
+//! std::fs::write("target/chaos/run-1/timeline.svg", svg::timeline(&history))?;
+//! std::fs::write("target/chaos/run-1/report.md", report::markdown(&report, &history))?;
+//! assert!(report.is_valid() && report.liveness_ok(), "{report}");
+//! # Ok(())
+//! # }
+//! ```
 
 mod display;
 mod liveness;

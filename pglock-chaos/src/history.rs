@@ -197,6 +197,31 @@ pub fn write_jsonl(path: impl AsRef<Path>, records: &[Record]) -> io::Result<()>
 /// of a line do not interleave. `&self` methods with an internal mutex let the tasks of one
 /// process share a writer (in an `Arc`); the lock is held only for the write itself, a short
 /// blocking call that async tasks may make directly.
+///
+/// ```no_run
+/// use std::sync::Arc;
+///
+/// use pglock_chaos::history::{HistoryWriter, Op, Outcome, Record, now_us};
+///
+/// # fn main() -> std::io::Result<()> {
+/// let history = Arc::new(HistoryWriter::append("target/chaos/run-1/w1.jsonl")?);
+/// let start_us = now_us();
+/// // ... a fenced increment under token 7, which wrote 42 ...
+/// history.write(&Record {
+///     process: "w1".to_owned(),
+///     task: 0,
+///     op: Op::Increment,
+///     key: "counter".to_owned(),
+///     start_us,
+///     end_us: now_us(),
+///     outcome: Outcome::Ok,
+///     token: Some(7),
+///     value: Some(42),
+///     detail: None,
+/// })?;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct HistoryWriter {
     path: PathBuf,
