@@ -28,6 +28,9 @@
 mod display;
 mod liveness;
 mod safety;
+mod settle;
+
+pub use settle::settled;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -227,7 +230,7 @@ pub struct OpCount {
 /// What [`check`] found in a history.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Report {
-    /// How many records the history has.
+    /// How many records the history has, one per operation ([`settled`]).
     pub records: usize,
     /// The earliest time in the history (the origin of the times in messages).
     pub first_us: u64,
@@ -282,7 +285,11 @@ impl Report {
 }
 
 /// Checks a whole history (the records of every process, in any order) against `bounds`.
+///
+/// The history is [`settled`] first: an operation recorded as unknown when invoked and again
+/// with its outcome counts once, with that outcome.
 pub fn check(history: &[Record], bounds: &Bounds) -> Report {
+    let history = &*settled(history);
     let first_us = history
         .iter()
         .map(|r| r.start_us.min(r.end_us))
