@@ -6,10 +6,31 @@
 //! older than one already accepted, a counter outside what the increments allow, a leader's
 //! log appended to by an older term after a newer one, a job window run twice. Liveness is
 //! judged per fault: the time from its heal to the next successful operation of any worker.
+//!
+//! ```no_run
+//! use pglock_chaos::checker::{Bounds, check};
+//! use pglock_chaos::history::read_jsonl_dir;
+//! use pglock_chaos::{report, svg};
+//!
+//! # fn main() -> std::io::Result<()> {
+//! let history = read_jsonl_dir("target/chaos/run-1")?;
+//! // A failover promotes a standby: allow it longer than the other faults.
+//! let bounds = Bounds::new(30_000_000).with_kind("failover", 60_000_000);
+//! let report = check(&history, &bounds);
+//! println!("{report}");
+//! std::fs::write("target/chaos/run-1/timeline.svg", svg::timeline(&history))?;
+//! std::fs::write("target/chaos/run-1/report.md", report::markdown(&report, &history))?;
+//! assert!(report.is_valid() && report.liveness_ok(), "{report}");
+//! # Ok(())
+//! # }
+//! ```
 
 mod display;
 mod liveness;
 mod safety;
+mod settle;
+
+pub use settle::settled;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -209,7 +230,7 @@ pub struct OpCount {
 /// What [`check`] found in a history.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Report {
-    /// How many records the history has.
+    /// How many records the history has, one per operation ([`settled`]).
     pub records: usize,
     /// The earliest time in the history (the origin of the times in messages).
     pub first_us: u64,
@@ -264,7 +285,11 @@ impl Report {
 }
 
 /// Checks a whole history (the records of every process, in any order) against `bounds`.
+///
+/// The history is [`settled`] first: an operation recorded as unknown when invoked and again
+/// with its outcome counts once, with that outcome.
 pub fn check(history: &[Record], bounds: &Bounds) -> Report {
+    let history = &*settled(history);
     let first_us = history
         .iter()
         .map(|r| r.start_us.min(r.end_us))

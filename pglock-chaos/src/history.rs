@@ -4,7 +4,7 @@
 //! the records of all workers and of the nemesis can be compared directly ([`now_us`]).
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -131,27 +131,50 @@ impl Outcome {
 /// Reads a history file of JSON lines (see [`parse_jsonl`] for what it tolerates).
 pub fn read_jsonl(path: impl AsRef<Path>) -> io::Result<Vec<Record>> {
     let path = path.as_ref();
-    let text = std::fs::read_to_string(path)?;
-    parse_jsonl(&text).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+    // Bytes, not a string: a torn line may end inside a character.
+    let bytes = std::fs::read(path)?;
+    parse_lines(&bytes).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+}
+
+/// Reads every `*.jsonl` file of a directory, in name order, as one history (a run writes a
+/// file per worker process, one for the nemesis and one for the resource's read-back).
+pub fn read_jsonl_dir(dir: impl AsRef<Path>) -> io::Result<Vec<Record>> {
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "jsonl") && path.is_file() {
+            paths.push(path);
+        }
+    }
+    paths.sort();
+    let mut records = Vec::new();
+    for path in paths {
+        records.extend(read_jsonl(path)?);
+    }
+    Ok(records)
 }
 
 /// Parses a history of JSON lines, one [`Record`] per line.
 ///
-/// Blank lines are skipped. A last line that has no newline and does not parse is dropped:
-/// it is the in-flight write of a process killed mid-line, and the operation it described
-/// stays unknown, as it would had the line never been started. Any other line that does not
-/// parse is an error ([`io::ErrorKind::InvalidData`]) naming its line number.
+/// Blank lines are skipped, and so are torn lines: the start of a JSON object cut short, which
+/// is what a process killed in the middle of writing a line leaves (see [`HistoryWriter`]).
+/// The operation such a line described stays unknown, as if the line had never been begun.
+/// Any other line that does not parse is an error ([`io::ErrorKind::InvalidData`]) naming its
+/// line number.
 pub fn parse_jsonl(text: &str) -> io::Result<Vec<Record>> {
-    let torn_tail = !text.is_empty() && !text.ends_with('\n');
-    let lines: Vec<&str> = text.lines().collect();
-    let mut records = Vec::with_capacity(lines.len());
-    for (i, line) in lines.iter().enumerate() {
-        if line.trim().is_empty() {
+    parse_lines(text.as_bytes())
+}
+
+fn parse_lines(bytes: &[u8]) -> io::Result<Vec<Record>> {
+    let mut records = Vec::new();
+    for (i, line) in bytes.split(|&b| b == b'\n').enumerate() {
+        if line.trim_ascii().is_empty() {
             continue;
         }
-        match serde_json::from_str(line) {
+        match serde_json::from_slice(line) {
             Ok(record) => records.push(record),
-            Err(_) if torn_tail && i + 1 == lines.len() => {}
+            // Only a line cut short ends before its object does; garbage is an error.
+            Err(e) if e.is_eof() => {}
             Err(e) => {
                 let message = format!("line {}: {e}", i + 1);
                 return Err(io::Error::new(io::ErrorKind::InvalidData, message));
@@ -174,11 +197,38 @@ pub fn write_jsonl(path: impl AsRef<Path>, records: &[Record]) -> io::Result<()>
 /// Appends records to a history file, one JSON line per record, as they happen.
 ///
 /// Each line goes to the kernel in one `write` as soon as it is recorded (no user-space
-/// buffer), so a process killed with `SIGKILL` loses at most the operation it was doing. The
-/// file is opened for appending: several processes may share one file, as `O_APPEND` writes
-/// of a line do not interleave. `&self` methods with an internal mutex let the tasks of one
+/// buffer), so a process killed with `SIGKILL` loses at most the operation it was doing (to
+/// keep even that one, record it as [`Outcome::Info`] when invoking it: the checker lets a
+/// later record of the same operation settle it). The file is opened for appending: several
+/// processes may share one file, as `O_APPEND` writes of a line do not interleave, and a
+/// process restarted after a kill may append to the file it had. `&self` methods with an internal mutex let the tasks of one
 /// process share a writer (in an `Arc`); the lock is held only for the write itself, a short
 /// blocking call that async tasks may make directly.
+///
+/// ```no_run
+/// use std::sync::Arc;
+///
+/// use pglock_chaos::history::{HistoryWriter, Op, Outcome, Record, now_us};
+///
+/// # fn main() -> std::io::Result<()> {
+/// let history = Arc::new(HistoryWriter::append("target/chaos/run-1/w1.jsonl")?);
+/// let start_us = now_us();
+/// // ... a fenced increment under token 7, which wrote 42 ...
+/// history.write(&Record {
+///     process: "w1".to_owned(),
+///     task: 0,
+///     op: Op::Increment,
+///     key: "counter".to_owned(),
+///     start_us,
+///     end_us: now_us(),
+///     outcome: Outcome::Ok,
+///     token: Some(7),
+///     value: Some(42),
+///     detail: None,
+/// })?;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct HistoryWriter {
     path: PathBuf,
@@ -187,9 +237,25 @@ pub struct HistoryWriter {
 
 impl HistoryWriter {
     /// Opens `path` for appending, creating it if needed.
+    ///
+    /// If the file ends in a line cut short (its writer was killed mid-line), a newline
+    /// closes that line first, so that the torn line stays on its own and is skipped when read
+    /// ([`parse_jsonl`]) instead of running into the next record.
     pub fn append(path: impl AsRef<Path>) -> io::Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let file = OpenOptions::new().create(true).append(true).open(&path)?;
+        let mut file = OpenOptions::new()
+            .create(true)
+            .read(true)
+            .append(true)
+            .open(&path)?;
+        if file.metadata()?.len() > 0 {
+            let mut last = [0u8];
+            file.seek(SeekFrom::End(-1))?;
+            file.read_exact(&mut last)?;
+            if last != *b"\n" {
+                file.write_all(b"\n")?;
+            }
+        }
         Ok(Self {
             path,
             file: Mutex::new(file),

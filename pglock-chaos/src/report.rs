@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
-use crate::checker::{Report, at_s, count_of, fault_kind, human_us};
+use crate::checker::{Report, at_s, count_of, fault_kind, human_us, settled};
 use crate::history::{Op, Outcome, Record};
 
 /// How many anomalies or violations the tables list before they only count the rest.
@@ -13,6 +13,7 @@ const ROWS: usize = 100;
 /// The report of a run as markdown: a summary, then tables of the faults injected by kind,
 /// operations by outcome, anomalies, and recovery per kind of fault.
 pub fn markdown(report: &Report, history: &[Record]) -> String {
+    let history = &*settled(history);
     let mut md = String::new();
     summary(&mut md, report, history);
     faults(&mut md, history);

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
-use crate::checker::fault_kind;
+use crate::checker::{fault_kind, settled};
 use crate::history::{Op, Outcome, Record};
 
 /// How to draw.
@@ -58,6 +58,7 @@ pub fn timeline(history: &[Record]) -> String {
 
 /// The timeline of a history.
 pub fn timeline_with(history: &[Record], options: &Options) -> String {
+    let history = &*settled(history);
     let Some(frame) = Frame::of(history, options) else {
         return empty(options.width);
     };

@@ -1,6 +1,8 @@
 //! The checker on synthetic histories: each anomaly found, a clean history passing, liveness.
 
-use pglock_chaos::checker::{AnomalyKind, Bounds, Percentiles, Report, check};
+use std::borrow::Cow;
+
+use pglock_chaos::checker::{AnomalyKind, Bounds, Percentiles, Report, check, settled};
 use pglock_chaos::history::{Op, Outcome, Record};
 use pglock_chaos::report::markdown;
 
@@ -334,7 +336,7 @@ fn an_unrecovered_fault_breaks_its_bound_only_once_the_history_outlasts_it() {
     assert_eq!(report.liveness[0].unrecovered, 1);
     assert!(report.liveness_ok(), "observed only 500 ms: {report}");
     let mut long = short.clone();
-    long.push(section((S, 3_500 * MS), Outcome::Info));
+    long.push(section((1_100 * MS, 3_500 * MS), Outcome::Info));
     let report = check(&long, &Bounds::new(S));
     assert!(!report.liveness_ok(), "{report}");
     assert!(report.to_string().contains("never recovered"), "{report}");
@@ -349,7 +351,7 @@ fn the_markdown_report_has_a_table_for_each_part() {
         section((0, 1_500 * MS), Outcome::Ok),
         section((2 * S, 3_200 * MS), Outcome::Ok),
         section((3 * S, 3_500 * MS), Outcome::Info),
-        section((3 * S, 7 * S), Outcome::Fail),
+        section((3_100 * MS, 7 * S), Outcome::Fail),
         job("w1", "a|b", 1, 100 * MS, Outcome::Ok),
         job("w2", "a|b", 1, 200 * MS, Outcome::Ok),
     ];
@@ -380,4 +382,45 @@ fn the_markdown_report_has_a_table_for_each_part() {
         md.contains("**ok**") && !md.contains("Over their bound"),
         "{md}"
     );
+}
+
+#[test]
+fn an_operation_recorded_as_unknown_when_invoked_is_settled_by_its_outcome() {
+    let on = |task: u32, record: Record| Record { task, ..record };
+    let invoked = |task: u32, at: u64| on(task, increment("c", (at, at), Outcome::Info, 1));
+    let history = vec![
+        invoked(0, MS),
+        on(0, increment("c", (MS, 2 * MS), Outcome::Ok, 1)),
+        invoked(1, 3 * MS),
+        on(1, increment("c", (3 * MS, 4 * MS), Outcome::Fail, 1)),
+        // Killed before its outcome: stays unknown.
+        invoked(2, 5 * MS),
+        // Its connection broke: unknown, counted once.
+        invoked(3, 7 * MS),
+        on(3, increment("c", (7 * MS, 9 * MS), Outcome::Info, 1)),
+    ];
+    let settled_history = settled(&history);
+    let tasks: Vec<_> = settled_history
+        .iter()
+        .map(|r| (r.task, r.outcome, r.end_us))
+        .collect();
+    assert_eq!(
+        tasks,
+        [
+            (0, Outcome::Ok, 2 * MS),
+            (1, Outcome::Fail, 4 * MS),
+            (2, Outcome::Info, 5 * MS),
+            (3, Outcome::Info, 9 * MS)
+        ]
+    );
+    for (value, fine) in [(0, false), (1, true), (3, true), (4, false)] {
+        let mut with_final = history.clone();
+        with_final.push(counter_final("c", value));
+        let report = check(&with_final, &Bounds::default());
+        assert_eq!(report.is_valid(), fine, "final value {value}: {report}");
+        assert_eq!(report.count(Op::Increment, Outcome::Info), 2);
+        assert_eq!(report.records, 5);
+    }
+    // A history of one record per operation is left as it is.
+    assert!(matches!(settled(&clean_history()), Cow::Borrowed(_)));
 }

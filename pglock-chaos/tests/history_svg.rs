@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use pglock_chaos::history::{
-    HistoryWriter, Op, Outcome, Record, parse_jsonl, read_jsonl, write_jsonl,
+    HistoryWriter, Op, Outcome, Record, parse_jsonl, read_jsonl, read_jsonl_dir, write_jsonl,
 };
 use pglock_chaos::svg::{Options, timeline, timeline_with};
 
@@ -76,6 +76,18 @@ fn a_shared_writer_keeps_every_line_whole() {
         assert_eq!(starts, (0..50).collect::<Vec<_>>(), "task {task}");
     }
     assert_eq!(history[200].detail.as_deref(), Some("kill"));
+
+    // The files of a run's directory read as one history, other files left out.
+    let dir = path.parent().unwrap();
+    write_jsonl(dir.join("nemesis.jsonl"), &[fault("stop", (1, 2))]).unwrap();
+    std::fs::write(dir.join("notes.txt"), "not a history\n").unwrap();
+    let all = read_jsonl_dir(dir).unwrap();
+    assert_eq!(all.len(), 202);
+    assert_eq!(
+        all[0].detail.as_deref(),
+        Some("stop"),
+        "nemesis.jsonl before w1.jsonl"
+    );
 }
 
 #[test]
@@ -102,19 +114,43 @@ fn a_whole_history_round_trips() {
 }
 
 #[test]
-fn a_torn_last_line_is_dropped_but_a_broken_one_inside_is_an_error() {
+fn torn_lines_are_skipped_but_garbage_is_an_error() {
     let whole = serde_json::to_string(&record("w1", 0, Op::Section, (1, 2), Outcome::Ok)).unwrap();
     let torn = format!("{whole}\n\n{whole}\n{}", &whole[..whole.len() / 2]);
     assert_eq!(parse_jsonl(&torn).unwrap().len(), 2);
+    // Inside the file too: its process was restarted and went on appending.
+    let inside = format!("{}\n{whole}\n", &whole[..10]);
+    assert_eq!(parse_jsonl(&inside).unwrap().len(), 1);
     // A last line that is whole but has no newline is kept.
     assert_eq!(parse_jsonl(&format!("{whole}\n{whole}")).unwrap().len(), 2);
-    let broken = format!("{whole}\n{}\n{whole}\n", &whole[..10]);
-    let error = parse_jsonl(&broken).unwrap_err();
+    let garbage = format!("{whole}\n{{\"process\": 1]\n{whole}\n");
+    let error = parse_jsonl(&garbage).unwrap_err();
     assert_eq!(error.kind(), std::io::ErrorKind::InvalidData);
     assert!(error.to_string().starts_with("line 2:"), "{error}");
-    // So is a torn line that was followed by more: the file went on after it.
-    assert!(parse_jsonl(&format!("{}\n", &whole[..10])).is_err());
+    // A whole object that is not a record is no torn line either.
+    let missing = whole.replace(",\"task\":0", "");
+    assert_ne!(missing, whole);
+    assert!(parse_jsonl(&missing).is_err());
     assert!(parse_jsonl("").unwrap().is_empty());
+}
+
+#[test]
+fn a_writer_reopening_a_torn_file_keeps_the_torn_line_apart() {
+    let path = scratch("torn").join("w1.jsonl");
+    let first = record("w1", 0, Op::Section, (1, 2), Outcome::Ok);
+    // Killed in the middle of a line, inside a two-byte character.
+    let mut cut = record("w1", 1, Op::Section, (3, 4), Outcome::Ok);
+    cut.detail = Some("ünïcode".to_owned());
+    let cut = serde_json::to_vec(&cut).unwrap();
+    let at = cut.iter().position(|&b| b == 0xc3).unwrap() + 1;
+    let mut file = serde_json::to_vec(&first).unwrap();
+    file.push(b'\n');
+    file.extend_from_slice(&cut[..at]);
+    std::fs::write(&path, file).unwrap();
+    // The restarted worker appends to the same file.
+    let again = record("w1", 2, Op::Increment, (5, 6), Outcome::Info);
+    HistoryWriter::append(&path).unwrap().write(&again).unwrap();
+    assert_eq!(read_jsonl(&path).unwrap(), [first, again]);
 }
 
 /// Checks that `svg` is one well-formed element: tags nest, quotes pair, `&` starts an entity.
