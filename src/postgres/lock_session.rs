@@ -416,6 +416,11 @@ impl Task {
         let Some(heartbeat) = self.context.heartbeat else {
             return Ok(());
         };
+        if self.liveness.expired() {
+            // Woken after a freeze: the silence is what ended the session, whatever a ping
+            // would find now.
+            return Err(LossCause::Expired);
+        }
         let due = Instant::now() + heartbeat.answer_within;
         let answer = tokio::select! {
             biased;

@@ -1,0 +1,325 @@
+//! Holders that go silent: a process frozen with `SIGSTOP`, a network that drops every packet,
+//! a runtime too busy to run the manager's tasks. The server ends a session unheard for the
+//! manager's silence timeout, so another process gets the lock within that bound; the silent
+//! holder, once it runs again, is told before its work goes on, and its fenced write is
+//! refused. A healthy process, however busy or however long it holds, keeps its locks.
+
+mod common;
+
+use std::process::Child;
+use std::time::Duration;
+
+use common::child::{ChildOutput, role, spawn_self};
+use common::proxy::Proxy;
+use common::{key, lock_rows, observer, pool_named};
+use pglock::fence::Error as FenceError;
+use pglock::{
+    Error, FencingTable, LockManager, LockManagerExt, LossCause, PostgresLockManager, RowFence,
+    lock_id,
+};
+use rustix::process::{Pid, Signal, kill_process};
+use sqlx::{AssertSqlSafe, PgPool};
+use tokio::time::Instant;
+
+/// The bound under test, short so the tests are.
+const SILENCE: Duration = Duration::from_secs(2);
+const PROBE: Duration = Duration::from_millis(200);
+const GRACE: Duration = Duration::from_millis(400);
+/// Room on top of the bound for the server's own timer, a round trip and a busy machine.
+const SLACK: Duration = Duration::from_millis(500);
+const ROLE: &str = "pglock-frozen-holder=";
+
+/// Microseconds of `CLOCK_MONOTONIC`, which the test and its child share.
+fn now_us() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    u64::try_from(t.tv_sec).expect("time") * 1_000_000
+        + u64::try_from(t.tv_nsec).expect("time") / 1_000
+}
+
+fn silent_manager(pool: PgPool, fencing: &str) -> PostgresLockManager {
+    PostgresLockManager::builder(pool)
+        .probe_interval(PROBE)
+        .probe_grace(GRACE)
+        .silence_timeout(SILENCE)
+        .fencing(FencingTable::new(fencing).expect("valid"))
+        .build()
+}
+
+/// A resource fenced per key: one row per key, with its fence.
+async fn resource(pool: &PgPool, keys: &[&str]) -> (String, RowFence) {
+    let table = format!("silent_resource_{}", uuid::Uuid::new_v4().simple());
+    sqlx::query(AssertSqlSafe(format!(
+        "CREATE TABLE {table} (id text PRIMARY KEY, fence bigint)"
+    )))
+    .execute(pool)
+    .await
+    .expect("create the resource");
+    for key in keys {
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {table} VALUES ($1, NULL)"
+        )))
+        .bind(key)
+        .execute(pool)
+        .await
+        .expect("insert");
+    }
+    let fence = RowFence::new(&table, "id", "fence")
+        .and_then(|fence| fence.returning(&["id"]))
+        .expect("valid names");
+    (table, fence)
+}
+
+/// Kills the child however the test ends, so a failed test leaves no frozen process.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn a_frozen_holder_loses_its_locks_within_the_bound_and_learns_it_when_it_runs_again() {
+    if let Some(spec) = role(ROLE) {
+        return frozen_holder(&spec).await;
+    }
+    let observer = observer().await;
+    let pool = pool_named(4, &common::app_name("frozen-rival")).await;
+    let fencing = format!("silent_fencing_{}", uuid::Uuid::new_v4().simple());
+    let (own, contended) = (key("frozen-own"), key("frozen-contended"));
+    let (table, fence) = resource(&pool, &[&own, &contended]).await;
+    let rival = silent_manager(pool.clone(), &fencing);
+    // The child waits for `contended`, so it holds it on a session of its own: both kinds of
+    // session are frozen.
+    let blocker = rival.acquire(&contended, None).await.expect("acquire");
+    let mut child = Reaped(spawn_self(
+        "a_frozen_holder_loses_its_locks_within_the_bound_and_learns_it_when_it_runs_again",
+        ROLE,
+        &format!("{own}|{contended}|{table}|{fencing}"),
+    ));
+    let output = ChildOutput::read(child.0.stdout.take().expect("stdout"));
+    output.until("holds own");
+    common::eventually("the child waits on the server", || async {
+        lock_rows(&observer, lock_id(&contended)).await.len() == 2
+    })
+    .await;
+    blocker.release().await.expect("release");
+    output.until("ticking");
+
+    let pid = Pid::from_child(&child.0);
+    kill_process(pid, Signal::STOP).expect("SIGSTOP the holder");
+    let stopped_at = Instant::now();
+    for key in [&own, &contended] {
+        let guard = rival
+            .acquire(key, Some(SILENCE * 10))
+            .await
+            .expect("the frozen holder's lock is freed by the server");
+        let freed_after = stopped_at.elapsed();
+        println!("frozen holder: {key} taken by another process {freed_after:?} after SIGSTOP");
+        assert!(
+            freed_after <= SILENCE + SLACK,
+            "taken {freed_after:?} after the freeze, more than the bound {SILENCE:?} + {SLACK:?}"
+        );
+        // The new holder claims the resource with its newer token.
+        let token = guard.info().fencing_token.expect("fenced");
+        let _: (String,) = fence
+            .raise(&pool, key.as_str(), token)
+            .await
+            .expect("raise");
+        guard.leak();
+    }
+
+    let resumed_us = now_us();
+    kill_process(pid, Signal::CONT).expect("SIGCONT the holder");
+    let lines = output.all();
+    let ticks_after: Vec<&String> = lines
+        .iter()
+        .filter_map(|line| {
+            Some((
+                line,
+                line.split("tick ").nth(1)?.trim().parse::<u64>().ok()?,
+            ))
+        })
+        .filter(|(_, at)| *at >= resumed_us)
+        .map(|(line, _)| line)
+        .collect();
+    assert!(
+        ticks_after.is_empty(),
+        "work went on after the resume at {resumed_us}: {ticks_after:?} in {:?}",
+        &lines[lines.len().saturating_sub(8)..]
+    );
+    let said = |marker: &str| lines.iter().any(|line| line.contains(marker));
+    assert!(said("run ended: lost expired"), "{lines:?}");
+    assert!(said("contended: lost expired"), "{lines:?}");
+    assert!(said("own: write refused"), "{lines:?}");
+    assert!(said("contended: write refused"), "{lines:?}");
+    rival.release_all().await.expect("release");
+}
+
+/// The child: holds two keys, ticks under the first until told its lock is gone, then tries
+/// the fenced writes a holder that did not check would make.
+async fn frozen_holder(spec: &str) {
+    let [own, contended, table, fencing]: [&str; 4] = spec
+        .split('|')
+        .collect::<Vec<_>>()
+        .try_into()
+        .expect("spec");
+    let pool = pool_named(4, &common::app_name("frozen-holder")).await;
+    let locks = silent_manager(pool.clone(), fencing);
+    let own_guard = locks.acquire(own, None).await.expect("acquire");
+    println!("holds own");
+    let contended_guard = locks.acquire(contended, None).await.expect("acquire");
+    let ticking = own_guard.run(async {
+        println!("ticking");
+        loop {
+            println!("tick {}", now_us());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    let ticked = ticking.await;
+    println!("run returned at {}", now_us());
+    match ticked {
+        Err(Error::LockLost { cause, .. }) => println!("run ended: lost {}", cause.as_str()),
+        other => println!("run ended: {other:?}"),
+    }
+    match contended_guard.loss_signal().cause() {
+        Some(cause) => println!("contended: lost {}", cause.as_str()),
+        None => println!("contended: not lost"),
+    }
+    let fence = RowFence::new(table, "id", "fence")
+        .and_then(|fence| fence.returning(&["id"]))
+        .expect("valid names");
+    for (name, guard) in [("own", &own_guard), ("contended", &contended_guard)] {
+        let token = guard.info().fencing_token.expect("fenced");
+        let written: Result<(String,), _> = fence
+            .raise(&pool, name_key(name, own, contended), token)
+            .await;
+        match written {
+            Err(FenceError::StaleToken { .. }) => println!("{name}: write refused"),
+            other => println!("{name}: write {other:?}"),
+        }
+    }
+}
+
+fn name_key<'a>(name: &str, own: &'a str, contended: &'a str) -> &'a str {
+    if name == "own" { own } else { contended }
+}
+
+#[tokio::test]
+async fn a_holder_behind_a_dead_network_loses_its_locks_within_the_bound() {
+    let observer = observer().await;
+    let proxy = Proxy::start().await;
+    let fencing = format!("silent_fencing_{}", uuid::Uuid::new_v4().simple());
+    let held_through = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(3)
+        .connect_with(proxy.options(&common::app_name("blackholed")))
+        .await
+        .expect("connect through the proxy");
+    let holder = silent_manager(held_through, &fencing);
+    let direct = pool_named(3, &common::app_name("blackhole-rival")).await;
+    let rival = silent_manager(direct.clone(), &fencing);
+    let key = key("blackholed");
+    let (_table, fence) = resource(&direct, &[&key]).await;
+    let guard = holder.acquire(&key, None).await.expect("acquire");
+    let old_token = guard.info().fencing_token.expect("fenced");
+
+    proxy.blackhole();
+    let silent_at = Instant::now();
+    let taken = rival
+        .acquire(&key, Some(SILENCE * 10))
+        .await
+        .expect("the server frees the lock of a session it no longer hears");
+    let freed_after = silent_at.elapsed();
+    println!("blackholed holder: its lock taken by another process {freed_after:?} after");
+    assert!(
+        freed_after <= SILENCE + SLACK,
+        "taken {freed_after:?} after the blackhole, more than {SILENCE:?} + {SLACK:?}"
+    );
+    let new_token = taken.info().fencing_token.expect("fenced");
+    assert!(new_token > old_token);
+    let _: (String,) = fence
+        .raise(&direct, key.as_str(), new_token)
+        .await
+        .expect("raise");
+    // The holder was told long before (it could not confirm its session), and says why.
+    assert_eq!(guard.loss_signal().cause(), Some(LossCause::Unverifiable));
+    let stale: Result<(String,), _> = fence.raise(&direct, key.as_str(), old_token).await;
+    assert!(
+        matches!(stale, Err(FenceError::StaleToken { .. })),
+        "{stale:?}"
+    );
+    assert_eq!(lock_rows(&observer, lock_id(&key)).await.len(), 1);
+    taken.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_runtime_busy_for_seconds_keeps_its_locks() {
+    // The default bound (20 s): the runtime that runs the manager's tasks is blocked for 5 s,
+    // so no heartbeat goes out meanwhile, and yet the server keeps the session.
+    let observer = observer().await;
+    let locks = PostgresLockManager::builder(pool_named(3, &common::app_name("busy")).await)
+        .probe_interval(PROBE)
+        .build();
+    let key = key("busy-runtime");
+    let guard = locks.acquire(&key, None).await.expect("acquire");
+    let before = lock_rows(&observer, lock_id(&key)).await;
+    std::thread::sleep(Duration::from_secs(5));
+    // Let the heartbeat that was due run, and a few more.
+    tokio::time::sleep(PROBE * 3).await;
+    assert_eq!(guard.loss_signal().cause(), None);
+    let after = lock_rows(&observer, lock_id(&key)).await;
+    assert_eq!(after.len(), 1);
+    assert_eq!(after[0].pid, before[0].pid, "the same session holds it");
+    guard.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn a_lock_held_for_many_bounds_keeps_its_session() {
+    // A 1 s bound (the shortest), held for eight of them: the heartbeat keeps the session.
+    let observer = observer().await;
+    let locks = PostgresLockManager::builder(pool_named(3, &common::app_name("long")).await)
+        .silence_timeout(Duration::from_secs(1))
+        .build();
+    let key = key("held-long");
+    let guard = locks.acquire(&key, None).await.expect("acquire");
+    let before = lock_rows(&observer, lock_id(&key)).await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(guard.loss_signal().cause(), None);
+    let after = lock_rows(&observer, lock_id(&key)).await;
+    assert_eq!(after.len(), 1);
+    assert_eq!(after[0].pid, before[0].pid, "the same session holds it");
+    guard.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn the_manager_leaves_no_session_setting_behind_in_the_pool() {
+    // The silence timeouts and the tag are the manager's while it uses a session; the pool's
+    // connection gets its own values back.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(common::options("settings-restored"))
+        .await
+        .expect("connect");
+    let settings = "SELECT current_setting('idle_session_timeout'), \
+                    current_setting('tcp_user_timeout'), current_setting('application_name')";
+    let before: (String, String, String) = sqlx::query_as(settings)
+        .fetch_one(&pool)
+        .await
+        .expect("settings");
+    let locks = PostgresLockManager::builder(pool.clone())
+        .lock_sessions(1)
+        .session_idle_timeout(Duration::from_millis(50))
+        .build();
+    let guard = locks.acquire(key("settings"), None).await.expect("acquire");
+    guard.release().await.expect("release");
+    common::eventually("the lock session goes back to the pool", || async {
+        locks.lock_session_count() == 0 && pool.num_idle() == 1
+    })
+    .await;
+    let after: (String, String, String) = sqlx::query_as(settings)
+        .fetch_one(&pool)
+        .await
+        .expect("settings");
+    assert_eq!(after, before);
+}
