@@ -203,7 +203,7 @@ async fn unsafe_section(
 /// A read-modify-write increment of a counter under its lock.
 async fn increment(ctx: &Ctx, task: u32, rng: &mut Rng) {
     let key = names::COUNTERS[rng.index(names::COUNTERS.len())];
-    let mut record = ctx.emit.invoke(task, Op::Increment, key);
+    let record = ctx.emit.invoke(task, Op::Increment, key);
     let guard = match ctx.locks.acquire(key, Some(ACQUIRE)).await {
         Ok(guard) => guard,
         Err(err) => {
@@ -229,7 +229,6 @@ async fn increment(ctx: &Ctx, task: u32, rng: &mut Rng) {
         Write::Refused => Outcome::Fail,
         Write::Unknown => Outcome::Info,
     };
-    record.value = value;
     finish(ctx, record, outcome, Some(token), value, None);
 }
 
