@@ -3,6 +3,11 @@
 //! Times are microseconds of `CLOCK_MONOTONIC`, which every process on one machine shares, so
 //! the records of all workers and of the nemesis can be compared directly ([`now_us`]).
 
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
 use serde::{Deserialize, Serialize};
 
 /// Microseconds of the machine's monotonic clock, comparable across its processes.
@@ -72,4 +77,213 @@ pub enum Outcome {
     Fail,
     /// Unknown: the worker cannot tell (a broken connection mid-write, a killed process).
     Info,
+}
+
+impl Op {
+    /// Every kind of operation, in the order reports list them.
+    pub const ALL: [Op; 9] = [
+        Op::Section,
+        Op::Increment,
+        Op::Term,
+        Op::Job,
+        Op::Fault,
+        Op::ResourceStart,
+        Op::ResourceEnd,
+        Op::ResourceAppend,
+        Op::CounterFinal,
+    ];
+
+    /// The name the history spells it with (`"resource_start"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Section => "section",
+            Op::Increment => "increment",
+            Op::Term => "term",
+            Op::Job => "job",
+            Op::Fault => "fault",
+            Op::ResourceStart => "resource_start",
+            Op::ResourceEnd => "resource_end",
+            Op::ResourceAppend => "resource_append",
+            Op::CounterFinal => "counter_final",
+        }
+    }
+
+    /// Whether it is a worker's unit of progress: what liveness waits for after a fault.
+    pub fn is_progress(self) -> bool {
+        matches!(self, Op::Section | Op::Increment | Op::Term | Op::Job)
+    }
+}
+
+impl Outcome {
+    /// Every outcome, in the order reports list them.
+    pub const ALL: [Outcome; 3] = [Outcome::Ok, Outcome::Fail, Outcome::Info];
+
+    /// The name the history spells it with (`"ok"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Fail => "fail",
+            Outcome::Info => "info",
+        }
+    }
+}
+
+/// Reads a history file of JSON lines (see [`parse_jsonl`] for what it tolerates).
+pub fn read_jsonl(path: impl AsRef<Path>) -> io::Result<Vec<Record>> {
+    let path = path.as_ref();
+    // Bytes, not a string: a torn line may end inside a character.
+    let bytes = std::fs::read(path)?;
+    parse_lines(&bytes).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+}
+
+/// Reads every `*.jsonl` file of a directory, in name order, as one history (a run writes a
+/// file per worker process, one for the nemesis and one for the resource's read-back).
+pub fn read_jsonl_dir(dir: impl AsRef<Path>) -> io::Result<Vec<Record>> {
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "jsonl") && path.is_file() {
+            paths.push(path);
+        }
+    }
+    paths.sort();
+    let mut records = Vec::new();
+    for path in paths {
+        records.extend(read_jsonl(path)?);
+    }
+    Ok(records)
+}
+
+/// Parses a history of JSON lines, one [`Record`] per line.
+///
+/// Blank lines are skipped, and so are torn lines: the start of a JSON object cut short, which
+/// is what a process killed in the middle of writing a line leaves (see [`HistoryWriter`]).
+/// The operation such a line described stays unknown, as if the line had never been begun.
+/// Any other line that does not parse is an error ([`io::ErrorKind::InvalidData`]) naming its
+/// line number.
+pub fn parse_jsonl(text: &str) -> io::Result<Vec<Record>> {
+    parse_lines(text.as_bytes())
+}
+
+fn parse_lines(bytes: &[u8]) -> io::Result<Vec<Record>> {
+    let mut records = Vec::new();
+    for (i, line) in bytes.split(|&b| b == b'\n').enumerate() {
+        if line.trim_ascii().is_empty() {
+            continue;
+        }
+        match serde_json::from_slice(line) {
+            Ok(record) => records.push(record),
+            // Only a line cut short ends before its object does; garbage is an error.
+            Err(e) if e.is_eof() => {}
+            Err(e) => {
+                let message = format!("line {}: {e}", i + 1);
+                return Err(io::Error::new(io::ErrorKind::InvalidData, message));
+            }
+        }
+    }
+    Ok(records)
+}
+
+/// Writes a whole history as JSON lines, replacing the file (for the resource's read-back).
+pub fn write_jsonl(path: impl AsRef<Path>, records: &[Record]) -> io::Result<()> {
+    let mut text = Vec::new();
+    for record in records {
+        serde_json::to_writer(&mut text, record)?;
+        text.push(b'\n');
+    }
+    std::fs::write(path, text)
+}
+
+/// Appends records to a history file, one JSON line per record, as they happen.
+///
+/// Each line goes to the kernel in one `write` as soon as it is recorded (no user-space
+/// buffer), so a process killed with `SIGKILL` loses at most the operation it was doing (to
+/// keep even that one, record it as [`Outcome::Info`] when invoking it: the checker lets a
+/// later record of the same operation settle it). The file is opened for appending: several
+/// processes may share one file, as `O_APPEND` writes of a line do not interleave, and a
+/// process restarted after a kill may append to the file it had. `&self` methods with an internal mutex let the tasks of one
+/// process share a writer (in an `Arc`); the lock is held only for the write itself, a short
+/// blocking call that async tasks may make directly.
+///
+/// ```no_run
+/// use std::sync::Arc;
+///
+/// use pglock_chaos::history::{HistoryWriter, Op, Outcome, Record, now_us};
+///
+/// # fn main() -> std::io::Result<()> {
+/// let history = Arc::new(HistoryWriter::append("target/chaos/run-1/w1.jsonl")?);
+/// let start_us = now_us();
+/// // ... a fenced increment under token 7, which wrote 42 ...
+/// history.write(&Record {
+///     process: "w1".to_owned(),
+///     task: 0,
+///     op: Op::Increment,
+///     key: "counter".to_owned(),
+///     start_us,
+///     end_us: now_us(),
+///     outcome: Outcome::Ok,
+///     token: Some(7),
+///     value: Some(42),
+///     detail: None,
+/// })?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct HistoryWriter {
+    path: PathBuf,
+    file: Mutex<File>,
+}
+
+impl HistoryWriter {
+    /// Opens `path` for appending, creating it if needed.
+    ///
+    /// If the file ends in a line cut short (its writer was killed mid-line), a newline
+    /// closes that line first, so that the torn line stays on its own and is skipped when read
+    /// ([`parse_jsonl`]) instead of running into the next record.
+    pub fn append(path: impl AsRef<Path>) -> io::Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let mut file = OpenOptions::new()
+            .create(true)
+            .read(true)
+            .append(true)
+            .open(&path)?;
+        if file.metadata()?.len() > 0 {
+            let mut last = [0u8];
+            file.seek(SeekFrom::End(-1))?;
+            file.read_exact(&mut last)?;
+            if last != *b"\n" {
+                file.write_all(b"\n")?;
+            }
+        }
+        Ok(Self {
+            path,
+            file: Mutex::new(file),
+        })
+    }
+
+    /// Appends one record as a line.
+    pub fn write(&self, record: &Record) -> io::Result<()> {
+        // Serialised before taking the lock, and written whole, so lines never mix.
+        let mut line = serde_json::to_vec(record)?;
+        line.push(b'\n');
+        self.file().write_all(&line)
+    }
+
+    /// Forces the lines written so far to disk (only needed to survive a machine crash; a
+    /// killed process loses nothing the kernel already has).
+    pub fn sync(&self) -> io::Result<()> {
+        self.file().sync_data()
+    }
+
+    /// The file it appends to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn file(&self) -> MutexGuard<'_, File> {
+        // A task that panicked while holding the lock left whole lines or none: the file is
+        // still fine to write to.
+        self.file.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }

@@ -10,10 +10,25 @@
 //! | [`history`] | the records of a run, one JSON object per line |
 //! | [`checker`] | anomalies and liveness, from a history |
 //! | [`svg`] | a picture of a run's timeline, with its faults |
+//! | [`report`] | a checked run as markdown tables, for the docs |
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod checker;
 pub mod history;
+pub mod report;
 pub mod svg;
+
+// The run: the servers, the proxies, the workers and their workload, the nemesis.
+pub mod cluster;
+pub mod collect;
+pub mod nemesis;
+pub mod proxy;
+pub mod resource;
+pub mod rng;
+pub mod run;
+pub mod spec;
+pub mod worker;
+pub mod workers;
+pub mod workload;
