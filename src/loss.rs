@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::{Arc, OnceLock};
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 
 use tokio_util::sync::CancellationToken;
@@ -126,6 +127,9 @@ pub struct LossSignal {
     /// waiting for the manager's own tasks, which a frozen process runs only after the code
     /// that looks.
     expiry: Option<Arc<Liveness>>,
+    /// Set once the acquisition ended without a loss (its guard released it, or handed it on):
+    /// its session's later silence is no longer this signal's business.
+    settled: Arc<AtomicBool>,
 }
 
 impl LossSignal {
@@ -149,8 +153,17 @@ impl LossSignal {
         self
     }
 
+    /// The acquisition ended quietly (released by its guard, or handed on): the signal will not
+    /// fire for its session's silence from now on.
+    pub(crate) fn settle(&self) {
+        self.settled.store(true, Ordering::Release);
+    }
+
     /// Fires the signal as [`LossCause::Expired`] if its session's silence has run out.
     fn check_expiry(&self) {
+        if self.settled.load(Ordering::Acquire) {
+            return;
+        }
         if self
             .expiry
             .as_ref()

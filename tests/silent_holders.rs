@@ -264,18 +264,20 @@ async fn a_holder_behind_a_dead_network_loses_its_locks_within_the_bound() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_runtime_busy_for_seconds_keeps_its_locks() {
-    // The default bound (20 s): the runtime that runs the manager's tasks is blocked for 5 s,
-    // so no heartbeat goes out meanwhile, and yet the server keeps the session.
+    // A 4 s bound, and the runtime that runs the manager's tasks blocked for 3 s: the pings
+    // due meanwhile go out late, but before the server would end the session, which keeps it.
+    let bound = Duration::from_secs(4);
     let observer = observer().await;
     let locks = PostgresLockManager::builder(pool_named(3, &common::app_name("busy")).await)
         .probe_interval(PROBE)
+        .silence_timeout(bound)
         .build();
     let key = key("busy-runtime");
     let guard = locks.acquire(&key, None).await.expect("acquire");
     let before = lock_rows(&observer, lock_id(&key)).await;
-    std::thread::sleep(Duration::from_secs(5));
-    // Let the heartbeat that was due run, and a few more.
-    tokio::time::sleep(PROBE * 3).await;
+    std::thread::sleep(Duration::from_secs(3));
+    // Past the bound since the block began: the session lives only if it was heard again.
+    tokio::time::sleep(bound - Duration::from_secs(2)).await;
     assert_eq!(guard.loss_signal().cause(), None);
     let after = lock_rows(&observer, lock_id(&key)).await;
     assert_eq!(after.len(), 1);
@@ -304,31 +306,83 @@ async fn a_lock_held_for_many_bounds_keeps_its_session() {
 #[tokio::test]
 async fn the_manager_leaves_no_session_setting_behind_in_the_pool() {
     // The silence timeouts and the tag are the manager's while it uses a session; the pool's
-    // connection gets its own values back.
+    // connections get their own values back, both the lock session's and the one that waited
+    // for a contended key (kept for reuse a while, then returned).
     let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
+        .max_connections(2)
         .connect_with(common::options("settings-restored"))
         .await
         .expect("connect");
-    let settings = "SELECT current_setting('idle_session_timeout'), \
-                    current_setting('tcp_user_timeout'), current_setting('application_name')";
-    let before: (String, String, String) = sqlx::query_as(settings)
-        .fetch_one(&pool)
-        .await
-        .expect("settings");
+    let before = settings_of_every_connection(&pool).await;
+    assert_eq!(before.len(), 2);
     let locks = PostgresLockManager::builder(pool.clone())
         .lock_sessions(1)
         .session_idle_timeout(Duration::from_millis(50))
         .build();
-    let guard = locks.acquire(key("settings"), None).await.expect("acquire");
-    guard.release().await.expect("release");
-    common::eventually("the lock session goes back to the pool", || async {
-        locks.lock_session_count() == 0 && pool.num_idle() == 1
+    let rival = PostgresLockManager::new(pool_named(2, &common::app_name("settings-rival")).await);
+    let (plain, contended) = (key("settings"), key("settings-contended"));
+    let guard = locks.acquire(&plain, None).await.expect("acquire");
+    let blocker = rival.acquire(&contended, None).await.expect("acquire");
+    let waiting = tokio::spawn({
+        let (locks, contended) = (locks.clone(), contended.clone());
+        async move { locks.acquire(&contended, None).await }
+    });
+    let observer = observer().await;
+    common::eventually("the contended key is waited for", || async {
+        lock_rows(&observer, lock_id(&contended)).await.len() == 2
     })
     .await;
-    let after: (String, String, String) = sqlx::query_as(settings)
-        .fetch_one(&pool)
-        .await
-        .expect("settings");
+    blocker.release().await.expect("release");
+    let waited = waiting.await.expect("join").expect("acquire");
+    waited.release().await.expect("release");
+    guard.release().await.expect("release");
+    common::eventually("both sessions go back to the pool", || async {
+        locks.lock_session_count() == 0 && pool.num_idle() == 2
+    })
+    .await;
+    let mut after = settings_of_every_connection(&pool).await;
+    let mut before = before;
+    before.sort();
+    after.sort();
     assert_eq!(after, before);
+}
+
+type Settings = (String, String, String, String);
+
+const SETTINGS: &str = "SELECT current_setting('idle_session_timeout'), \
+    current_setting('tcp_user_timeout'), current_setting('tcp_keepalives_idle'), \
+    current_setting('application_name')";
+
+/// The settings of every connection of `pool`, all checked out at once.
+async fn settings_of_every_connection(pool: &PgPool) -> Vec<Settings> {
+    let mut conns = Vec::new();
+    for _ in 0..pool.options().get_max_connections() {
+        conns.push(pool.acquire().await.expect("acquire"));
+    }
+    let mut settings = Vec::new();
+    for conn in &mut conns {
+        settings.push(
+            sqlx::query_as(SETTINGS)
+                .fetch_one(&mut **conn)
+                .await
+                .expect("settings"),
+        );
+    }
+    settings
+}
+
+#[tokio::test]
+async fn a_released_lock_is_never_reported_expired() {
+    // Released by its guard, the lock's signal stays quiet, however long its session (which
+    // retires and is no longer pinged) goes unheard afterwards.
+    let locks = PostgresLockManager::builder(pool_named(2, &common::app_name("released")).await)
+        .silence_timeout(Duration::from_secs(1))
+        .session_idle_timeout(Duration::from_millis(10))
+        .build();
+    let guard = locks.acquire(key("released"), None).await.expect("acquire");
+    let signal = guard.loss_signal().clone();
+    guard.release().await.expect("release");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(signal.cause(), None);
+    assert!(!signal.is_lost());
 }

@@ -76,7 +76,12 @@ impl<S: Send + 'static> State<S> {
 
     pub(super) fn take_generation(&mut self, key: &LockKey, generation: u64) -> Option<Held<S>> {
         match self.held.get(key) {
-            Some(held) if held.generation == generation => self.held.remove(key),
+            Some(held) if held.generation == generation => {
+                // Whatever follows (a release, a handoff, a declared loss), the session's
+                // later silence is not this acquisition's loss.
+                held.signal.settle();
+                self.held.remove(key)
+            }
             _ => None,
         }
     }

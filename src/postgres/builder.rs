@@ -182,7 +182,9 @@ impl PostgresLockManagerBuilder {
     /// While the server cannot be reached (network partition, server down), a ping goes
     /// unanswered; once it has for this long, the session is given up (closed) and its locks
     /// are declared lost ([`LossCause::Unverifiable`](crate::LossCause)): at most
-    /// `probe_interval + probe_grace` after the session was last heard. Default: 2 seconds.
+    /// `probe_interval + probe_grace` after the session was last heard. At most half the
+    /// [`silence_timeout`](Self::silence_timeout) is used, so a holder is told before the
+    /// server may end a session it cannot hear. Default: 2 seconds.
     pub fn probe_grace(mut self, grace: Duration) -> Self {
         self.probe_grace = grace.max(Duration::from_millis(1));
         self
@@ -284,13 +286,18 @@ impl PostgresLockManagerBuilder {
         if !self.detect_lost_locks && self.silence_timeout.is_none() {
             return None;
         }
-        let every = match self.silence_timeout {
-            Some(silence) => self.probe_interval.min(silence / 4),
-            None => self.probe_interval,
+        // With a silence bound, a ping goes out within a quarter of it and is given up on
+        // within half of it: a holder whose session the server may end is told before.
+        let (every, answer_within) = match self.silence_timeout {
+            Some(silence) => (
+                self.probe_interval.min(silence / 4),
+                self.probe_grace.min(silence / 2),
+            ),
+            None => (self.probe_interval, self.probe_grace),
         };
         Some(Heartbeat {
             every,
-            answer_within: self.probe_grace,
+            answer_within,
         })
     }
 
@@ -373,7 +380,14 @@ impl Backend {
             answer_grace: Duration::from_millis(250),
             allow_standby: self.allow_standby,
             silence: self.silence,
-            idle: IdleSessions::new(self.idle_sessions.0, self.idle_sessions.1),
+            // A kept session is not pinged: it goes back to the pool well before the server
+            // could end it for its silence.
+            idle: IdleSessions::new(
+                self.idle_sessions.0,
+                self.silence.map_or(self.idle_sessions.1, |silence| {
+                    self.idle_sessions.1.min(silence / 2)
+                }),
+            ),
             budget,
         }
     }

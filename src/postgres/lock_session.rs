@@ -340,9 +340,16 @@ struct Broken;
 impl Drop for Task {
     fn drop(&mut self) {
         // However the task ends (its last handle gone, or its runtime shutting down), a
-        // connection that may still hold a lock is closed, never pooled.
+        // connection that may still hold a lock is closed, never pooled, and the holders of
+        // those locks are told (a task that ended through `close` has told them already).
         if self.shared.held.load(Ordering::SeqCst) != 0 {
             self.conn.mark_dirty();
+            if self.shared.ended.set(LossCause::SessionClosed).is_ok() {
+                self.shared.unavailable.store(true, Ordering::SeqCst);
+                if let Some(events) = self.events.upgrade() {
+                    events.closed(self.id);
+                }
+            }
         }
     }
 }
@@ -361,7 +368,14 @@ impl Task {
             self.last_active = Instant::now();
             self.shared.queued.fetch_sub(1, Ordering::SeqCst);
             if outcome.is_err() {
-                return self.close(LossCause::SessionClosed);
+                // A statement left unanswered past the session's silence bound: the server may
+                // have ended the session for it.
+                let cause = if self.liveness.expired() {
+                    LossCause::Expired
+                } else {
+                    LossCause::SessionClosed
+                };
+                return self.close(cause);
             }
         }
     }
@@ -443,6 +457,16 @@ impl Task {
         }
     }
 
+    /// When a statement sent now must have been answered: the statement timeout, or sooner
+    /// the moment the server may end the session for its silence (a statement lost on a dead
+    /// network leaves the session silent), after which its locks cannot be counted on.
+    fn statement_due(&self) -> Instant {
+        let due = Instant::now() + self.context.statement_timeout;
+        self.liveness
+            .expires_at()
+            .map_or(due, |expiry| due.min(expiry))
+    }
+
     fn heard(&mut self, sent: Instant) {
         self.conn.heard = sent;
         self.liveness.heard(sent);
@@ -473,12 +497,18 @@ impl Task {
                 reply,
             } => {
                 let result = self.unlock(target, mode).await;
-                let broken = matches!(
-                    result,
-                    Err(SessionError::Closed(_)
+                let broken = match &result {
+                    Err(
+                        SessionError::Closed(_)
                         | SessionError::Unanswered(_)
-                        | SessionError::Pooled)
-                );
+                        | SessionError::Pooled,
+                    ) => true,
+                    // The server refused the unlock (a cancelled statement, a statement
+                    // timeout): the lock may still be held. Released for sure, or the session
+                    // is closed, which frees it.
+                    Err(SessionError::Database(_)) => self.reconcile(target, mode).await.is_err(),
+                    _ => false,
+                };
                 if let Some(reply) = reply {
                     let _ = reply.send(result);
                 }
@@ -509,12 +539,8 @@ impl Task {
             args,
         );
         let sent = Instant::now();
-        let answer = bounded(
-            &mut self.watchdog,
-            self.context.statement_timeout,
-            query.fetch_one(self.conn.conn()),
-        )
-        .await;
+        let due = self.statement_due();
+        let answer = bounded(&mut self.watchdog, due, query.fetch_one(self.conn.conn())).await;
         let (granted, token) = match self.settle(sent, answer) {
             Ok(row) => row,
             Err(SessionError::Database(err)) => {
@@ -562,7 +588,9 @@ impl Task {
 
     async fn undo(&mut self, target: LockTarget, mode: LockMode) -> Result<(), Broken> {
         match self.unlock(target, mode).await {
-            Ok(_) | Err(SessionError::Database(_)) => Ok(()),
+            Ok(_) => Ok(()),
+            // Refused: make sure it is not held, or close the session, which frees it.
+            Err(SessionError::Database(_)) => self.reconcile(target, mode).await,
             Err(_) => Err(Broken),
         }
     }
@@ -572,12 +600,8 @@ impl Task {
         let query =
             sqlx::query_scalar_with::<_, Option<bool>, _>(Statements::unlock(mode, target), args);
         let sent = Instant::now();
-        let answer = bounded(
-            &mut self.watchdog,
-            self.context.statement_timeout,
-            query.fetch_one(self.conn.conn()),
-        )
-        .await;
+        let due = self.statement_due();
+        let answer = bounded(&mut self.watchdog, due, query.fetch_one(self.conn.conn())).await;
         // Whatever the server says, this session no longer holds the lock for us: either it
         // unlocked, or it did not hold it, or the session is about to close.
         self.shared.held.fetch_sub(1, Ordering::SeqCst);
@@ -590,12 +614,8 @@ impl Task {
         };
         let query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(statement)).bind(target.packed());
         let sent = Instant::now();
-        let answer = bounded(
-            &mut self.watchdog,
-            self.context.statement_timeout,
-            query.fetch_one(self.conn.conn()),
-        )
-        .await;
+        let due = self.statement_due();
+        let answer = bounded(&mut self.watchdog, due, query.fetch_one(self.conn.conn())).await;
         self.settle(sent, answer).map(Some)
     }
 
@@ -604,12 +624,8 @@ impl Task {
         let sql = Statements::unlock_if_held(target, mode);
         let query = sqlx::query(AssertSqlSafe(sql));
         let sent = Instant::now();
-        let answer = bounded(
-            &mut self.watchdog,
-            self.context.statement_timeout,
-            query.fetch_all(self.conn.conn()),
-        )
-        .await;
+        let due = self.statement_due();
+        let answer = bounded(&mut self.watchdog, due, query.fetch_all(self.conn.conn())).await;
         self.settle(sent, answer).map(|_| ()).map_err(|_| Broken)
     }
 
@@ -652,13 +668,12 @@ impl Task {
     }
 }
 
-/// Runs `statement`, or gives up on it (`None`) once it has gone unanswered for `limit`.
+/// Runs `statement`, or gives up on it (`None`) once `due` has passed without an answer.
 async fn bounded<T>(
     watchdog: &mut Watchdog,
-    limit: Duration,
+    due: Instant,
     statement: impl std::future::Future<Output = T>,
 ) -> Option<T> {
-    let due = Instant::now() + limit;
     tokio::select! {
         biased;
         answer = statement => Some(answer),

@@ -54,6 +54,9 @@ impl Monitor {
 }
 
 async fn run<T: LockTable>(monitor: Weak<Monitor>, table: Weak<T>) {
+    // However the loop ends (the manager gone, or its runtime shutting down), a later
+    // registration may start it again, on a runtime that runs.
+    let _running = Running(monitor.clone());
     while let Some(this) = monitor.upgrade() {
         let woken = tokio::select! {
             () = tokio::time::sleep(TICK) => false,
@@ -74,5 +77,16 @@ async fn declare_ended<T: LockTable>(table: &T, watched: Vec<Watched>) {
         table
             .declare_lost(&lock.key, lock.generation, lock.ended)
             .await;
+    }
+}
+
+/// Clears the monitor's `running` flag when its loop ends.
+struct Running(Weak<Monitor>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(monitor) = self.0.upgrade() {
+            monitor.running.store(false, Ordering::SeqCst);
+        }
     }
 }
