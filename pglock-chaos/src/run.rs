@@ -257,3 +257,15 @@ pub fn check_and_write(
     )?;
     Ok(report)
 }
+
+/// Checks the history a run left in `dir` (`history.jsonl`) again, with the default timing's
+/// bounds, and writes its reports and timeline there anew: for a history kept from an earlier
+/// run, or a report whose drawing has changed since.
+pub fn recheck(dir: &std::path::Path) -> std::io::Result<crate::checker::Report> {
+    let records = crate::history::read_jsonl(dir.join("history.jsonl"))?;
+    let report = crate::checker::check(&records, &bounds(Timing::default()));
+    std::fs::write(dir.join("report.txt"), report.to_string())?;
+    std::fs::write(dir.join("report.md"), crate::report::markdown(&report, &records))?;
+    std::fs::write(dir.join("timeline.svg"), crate::svg::timeline(&records))?;
+    Ok(report)
+}

@@ -34,7 +34,7 @@ impl Default for Options {
     }
 }
 
-const LEFT: f64 = 150.0;
+const LEFT: f64 = 190.0;
 const RIGHT: f64 = 20.0;
 const TITLE_H: f64 = 28.0;
 const LABEL_ROWS: usize = 3;
@@ -42,13 +42,15 @@ const LABEL_ROW_H: f64 = 14.0;
 const LANE_H: f64 = 40.0;
 const LANE_PAD: f64 = 4.0;
 const AXIS_H: f64 = 30.0;
-const LEGEND_H: f64 = 40.0;
+/// Room for two rows of legend.
+const LEGEND_H: f64 = 56.0;
 const FONT: &str = "font-family=\"sans-serif\" font-size=\"11\"";
 
 /// The colours of faults, by kind in name order (and again past the end of the list): none
 /// of them the red, green or grey of the outcomes.
-const FAULT_COLOURS: [&str; 8] = [
+const FAULT_COLOURS: [&str; 10] = [
     "#9467bd", "#ff7f0e", "#1f77b4", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#393b79",
+    "#637939", "#843c39",
 ];
 
 /// The timeline of a history, with the [`Options::default`].
@@ -95,7 +97,7 @@ pub fn timeline_with(history: &[Record], options: &Options) -> String {
     }
     fault_bands(&mut svg, &faults, &frame, plot_top, plot_bottom, &colour);
     axis(&mut svg, &frame, plot_top, plot_bottom);
-    legend(&mut svg, plot_bottom + AXIS_H, &kinds, &colour);
+    legend(&mut svg, plot_bottom + AXIS_H, options.width, &kinds, &colour);
     svg.push_str("</svg>\n");
     svg
 }
@@ -379,12 +381,19 @@ fn axis(svg: &mut String, frame: &Frame, plot_top: f64, plot_bottom: f64) {
 fn legend(
     svg: &mut String,
     top: f64,
+    width: u32,
     kinds: &BTreeSet<&str>,
     colour: &dyn Fn(&str) -> &'static str,
 ) {
     let mut x = LEFT;
-    let y = top + 14.0;
+    let mut y = top + 14.0;
     let mut item = |svg: &mut String, fill: &str, opacity: f64, label: &str| {
+        let item_w = 16.0 + 6.5 * label.chars().count() as f64 + 14.0;
+        if x + item_w > f64::from(width) && x > LEFT {
+            // The next row, rather than past the picture's edge.
+            x = LEFT;
+            y += 20.0;
+        }
         let _ = writeln!(
             svg,
             "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"12\" height=\"12\" fill=\"{fill}\" \
@@ -393,7 +402,7 @@ fn legend(
             x + 16.0,
             escape(label)
         );
-        x += 16.0 + 6.5 * label.chars().count() as f64 + 14.0;
+        x += item_w;
     };
     for outcome in Outcome::ALL {
         item(svg, outcome_colour(outcome), 1.0, outcome.name());

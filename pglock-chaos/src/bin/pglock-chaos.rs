@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! pglock-chaos [--seed N] [--seconds S] [--out DIR] [--unsafe]
+//! pglock-chaos --check DIR      # check DIR/history.jsonl again, rewrite its reports
 //! ```
 
 #![forbid(unsafe_code)]
@@ -20,7 +21,20 @@ fn main() {
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    let code = if args.iter().any(|a| a == "--worker") {
+    let code = if let [flag, dir] = args.as_slice()
+        && flag == "--check"
+    {
+        match pglock_chaos::run::recheck(std::path::Path::new(dir)) {
+            Ok(report) => {
+                println!("{report}");
+                i32::from(!(report.is_valid() && report.liveness_ok()))
+            }
+            Err(err) => {
+                eprintln!("pglock-chaos --check: {err}");
+                2
+            }
+        }
+    } else if args.iter().any(|a| a == "--worker") {
         match WorkerSpec::from_args(&args) {
             Ok(spec) => runtime.block_on(pglock_chaos::worker::main(spec)),
             Err(err) => {
