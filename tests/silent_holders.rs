@@ -69,6 +69,27 @@ async fn resource(pool: &PgPool, keys: &[&str]) -> (String, RowFence) {
     (table, fence)
 }
 
+/// Takes `key`, which a silent holder has, as another process would: the server must free it
+/// within the silence bound of `silent_at`.
+async fn taken_within_the_bound(
+    rival: &PostgresLockManager,
+    key: &str,
+    silent_at: Instant,
+    holder: &str,
+) -> pglock::LockGuard {
+    let guard = rival
+        .acquire(key, Some(SILENCE * 10))
+        .await
+        .expect("the server frees the lock of a session it no longer hears");
+    let freed_after = silent_at.elapsed();
+    println!("{holder}: {key} taken by another process {freed_after:?} after it went silent");
+    assert!(
+        freed_after <= SILENCE + SLACK,
+        "taken {freed_after:?} after the holder went silent, more than {SILENCE:?} + {SLACK:?}"
+    );
+    guard
+}
+
 /// Kills the child however the test ends, so a failed test leaves no frozen process.
 struct Reaped(Child);
 
@@ -115,16 +136,7 @@ async fn a_frozen_holder_loses_its_locks_within_the_bound_and_learns_it_when_it_
     kill_process(pid, Signal::STOP).expect("SIGSTOP the holder");
     let stopped_at = Instant::now();
     for key in [&own, &contended] {
-        let guard = rival
-            .acquire(key, Some(SILENCE * 10))
-            .await
-            .expect("the frozen holder's lock is freed by the server");
-        let freed_after = stopped_at.elapsed();
-        println!("frozen holder: {key} taken by another process {freed_after:?} after SIGSTOP");
-        assert!(
-            freed_after <= SILENCE + SLACK,
-            "taken {freed_after:?} after the freeze, more than the bound {SILENCE:?} + {SLACK:?}"
-        );
+        let guard = taken_within_the_bound(&rival, key, stopped_at, "frozen holder").await;
         // The new holder claims the resource with its newer token.
         let token = guard.info().fencing_token.expect("fenced");
         let _: (String,) = fence
@@ -235,16 +247,7 @@ async fn a_holder_behind_a_dead_network_loses_its_locks_within_the_bound() {
 
     proxy.blackhole();
     let silent_at = Instant::now();
-    let taken = rival
-        .acquire(&key, Some(SILENCE * 10))
-        .await
-        .expect("the server frees the lock of a session it no longer hears");
-    let freed_after = silent_at.elapsed();
-    println!("blackholed holder: its lock taken by another process {freed_after:?} after");
-    assert!(
-        freed_after <= SILENCE + SLACK,
-        "taken {freed_after:?} after the blackhole, more than {SILENCE:?} + {SLACK:?}"
-    );
+    let taken = taken_within_the_bound(&rival, &key, silent_at, "blackholed holder").await;
     let new_token = taken.info().fencing_token.expect("fenced");
     assert!(new_token > old_token);
     let _: (String,) = fence

@@ -265,7 +265,10 @@ pub fn recheck(dir: &std::path::Path) -> std::io::Result<crate::checker::Report>
     let records = crate::history::read_jsonl(dir.join("history.jsonl"))?;
     let report = crate::checker::check(&records, &bounds(Timing::default()));
     std::fs::write(dir.join("report.txt"), report.to_string())?;
-    std::fs::write(dir.join("report.md"), crate::report::markdown(&report, &records))?;
+    std::fs::write(
+        dir.join("report.md"),
+        crate::report::markdown(&report, &records),
+    )?;
     std::fs::write(dir.join("timeline.svg"), crate::svg::timeline(&records))?;
     Ok(report)
 }

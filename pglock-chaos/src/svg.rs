@@ -97,7 +97,13 @@ pub fn timeline_with(history: &[Record], options: &Options) -> String {
     }
     fault_bands(&mut svg, &faults, &frame, plot_top, plot_bottom, &colour);
     axis(&mut svg, &frame, plot_top, plot_bottom);
-    legend(&mut svg, plot_bottom + AXIS_H, options.width, &kinds, &colour);
+    legend(
+        &mut svg,
+        plot_bottom + AXIS_H,
+        options.width,
+        &kinds,
+        &colour,
+    );
     svg.push_str("</svg>\n");
     svg
 }
