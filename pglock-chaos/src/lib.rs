@@ -20,11 +20,10 @@ pub mod history;
 pub mod report;
 pub mod svg;
 
-// The run: the servers, the proxies, the workers and their workload, the nemesis.
+// The run: the servers, the workers and their workload, the nemesis.
 pub mod cluster;
 pub mod collect;
 pub mod nemesis;
-pub mod proxy;
 pub mod resource;
 pub mod rng;
 pub mod run;

@@ -16,11 +16,11 @@ use crate::cluster::Cluster;
 use crate::collect::Collector;
 use crate::history::Record;
 use crate::nemesis::{FaultKind, Nemesis, Pace};
-use crate::proxy::Proxy;
 use crate::resource::Resource;
 use crate::rng::Rng;
 use crate::spec::{Mode, Timing, WorkerSpec, names};
 use crate::workers::Workers;
+use pglock_testing::Proxy;
 
 /// What a run does.
 #[derive(Debug, Clone)]
@@ -201,7 +201,7 @@ async fn spawn_slots(
     let mut rng = Rng::new(config.seed ^ 0x5EED);
     let mut specs = Vec::new();
     for n in 1..=config.workers {
-        let proxy = Proxy::start(cluster.primary().port())
+        let proxy = Proxy::start("127.0.0.1", cluster.primary().port())
             .await
             .map_err(|e| e.to_string())?;
         let spec = WorkerSpec {

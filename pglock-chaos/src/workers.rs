@@ -13,8 +13,8 @@ use tokio::sync::{Mutex, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::collect::Collector;
-use crate::proxy::Proxy;
 use crate::spec::WorkerSpec;
+use pglock_testing::Proxy;
 
 /// Every wait on a worker (its start, its exit) is bounded by this.
 pub const WORKER_DEADLINE: Duration = Duration::from_secs(30);

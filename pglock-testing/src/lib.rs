@@ -15,6 +15,8 @@
 //!   [`TempPostgres`]: a server of a test's own, to stop, restart or reconfigure.
 //! * [`TempPgBouncer`]: a PgBouncer of the tests' own in front of a server, in the
 //!   [`PoolMode`] under test, to test code that runs behind one.
+//! * [`Proxy`]: a TCP proxy in front of a server that a test blackholes, resets, delays or
+//!   points elsewhere, for partitions and moving endpoints.
 //! * [`Stage`], [`pause_at`]: stop an operation of pglock's managers at a chosen await point,
 //!   to test what happens when it is cancelled there.
 #![forbid(unsafe_code)]
@@ -27,6 +29,7 @@
 
 pub mod conformance;
 mod pgbouncer;
+mod proxy;
 mod server;
 
 use std::sync::Arc;
@@ -45,6 +48,7 @@ fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 pub use pgbouncer::{HOW_TO_GET_PGBOUNCER, PoolMode, TempPgBouncer};
 pub use pglock::hooks::{Stage, StageHook};
+pub use proxy::Proxy;
 pub use server::{TempPostgres, database_url, shared_server};
 
 /// A hook that parks the first operation reaching `stage` until [`Pause::resume`] (or forever),

@@ -1,4 +1,4 @@
-//! A TCP proxy between the workers and PostgreSQL that the nemesis controls: it can stop
+//! A TCP proxy between the code under test and PostgreSQL that a test controls: it can stop
 //! forwarding while keeping every socket open (a partition, as both ends see one), close every
 //! connection (a reset), delay what it forwards, and send new connections elsewhere (the
 //! moving endpoint of a failover).
@@ -6,6 +6,8 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+use crate::lock;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -14,7 +16,17 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-/// A proxy on a free port of 127.0.0.1, forwarding to a port of 127.0.0.1.
+/// A proxy on a free port of 127.0.0.1, forwarding to a server's host and port.
+///
+/// ```no_run
+/// # async fn demo() -> std::io::Result<()> {
+/// let proxy = pglock_testing::Proxy::start("127.0.0.1", 5432).await?;
+/// // Point the code under test at 127.0.0.1:proxy.port(), then:
+/// proxy.blackhole(); // a partition: nothing gets through, nothing is closed
+/// proxy.restore();
+/// proxy.reset(); // every open connection closed at once
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct Proxy {
     addr: SocketAddr,
@@ -24,23 +36,28 @@ pub struct Proxy {
 
 #[derive(Debug)]
 struct Shared {
+    host: String,
     target: AtomicU16,
+    /// Reads forwarded from clients to the server.
+    client_writes: AtomicU64,
     delay_ms: AtomicU64,
     blackholed: watch::Sender<bool>,
     pumps: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Proxy {
-    /// Starts forwarding to `target_port`.
+    /// Starts forwarding to `host`:`target_port`.
     ///
     /// # Errors
     ///
     /// When no local port can be bound.
-    pub async fn start(target_port: u16) -> std::io::Result<Proxy> {
+    pub async fn start(host: &str, target_port: u16) -> std::io::Result<Proxy> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
+            host: host.to_owned(),
             target: AtomicU16::new(target_port),
+            client_writes: AtomicU64::new(0),
             delay_ms: AtomicU64::new(0),
             blackholed: watch::channel(false).0,
             pumps: Mutex::new(Vec::new()),
@@ -53,9 +70,16 @@ impl Proxy {
         })
     }
 
-    /// The port clients connect to.
+    /// The port clients connect to, on 127.0.0.1.
     pub fn port(&self) -> u16 {
         self.addr.port()
+    }
+
+    /// How many reads the proxy has forwarded from clients to the server so far. A client
+    /// sends each round trip's messages in one write, so on a quiet loopback this counts round
+    /// trips (a large message could be split: compare counts, not bytes).
+    pub fn client_writes(&self) -> u64 {
+        self.shared.client_writes.load(Ordering::SeqCst)
     }
 
     /// Stops forwarding in both directions; sockets stay open, and data waits in the proxy
@@ -96,12 +120,6 @@ impl Drop for Proxy {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     while let Ok((client, _)) = listener.accept().await {
         let _ = client.set_nodelay(true);
@@ -114,14 +132,14 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             if blackholed.wait_for(|on| !*on).await.is_err() {
                 return;
             }
-            let Ok(server) = TcpStream::connect(("127.0.0.1", target)).await else {
+            let Ok(server) = TcpStream::connect((shared2.host.as_str(), target)).await else {
                 return; // dropping the client closes it: the connection is refused
             };
             let _ = server.set_nodelay(true);
             let (client_read, client_write) = client.into_split();
             let (server_read, server_write) = server.into_split();
-            let up = tokio::spawn(pump(client_read, server_write, shared2.clone()));
-            let down = tokio::spawn(pump(server_read, client_write, shared2.clone()));
+            let up = tokio::spawn(pump(client_read, server_write, shared2.clone(), true));
+            let down = tokio::spawn(pump(server_read, client_write, shared2.clone(), false));
             lock(&shared2.pumps).extend([up, down]);
         });
         let mut pumps = lock(&shared.pumps);
@@ -130,7 +148,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
-async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, shared: Arc<Shared>) {
+async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, shared: Arc<Shared>, up: bool) {
     let mut blackholed = shared.blackholed.subscribe();
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -154,6 +172,9 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, shared: Arc<Share
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;
+        }
+        if up {
+            shared.client_writes.fetch_add(1, Ordering::SeqCst);
         }
     }
 }
