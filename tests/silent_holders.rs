@@ -290,15 +290,16 @@ async fn a_runtime_busy_for_seconds_keeps_its_locks() {
 
 #[tokio::test]
 async fn a_lock_held_for_many_bounds_keeps_its_session() {
-    // A 1 s bound (the shortest), held for eight of them: the heartbeat keeps the session.
+    // A 2 s bound, held for five of them: the heartbeat (every 500 ms, a quarter of the
+    // bound) keeps the session.
     let observer = observer().await;
     let locks = PostgresLockManager::builder(pool_named(3, &common::app_name("long")).await)
-        .silence_timeout(Duration::from_secs(1))
+        .silence_timeout(Duration::from_secs(2))
         .build();
     let key = key("held-long");
     let guard = locks.acquire(&key, None).await.expect("acquire");
     let before = lock_rows(&observer, lock_id(&key)).await;
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(guard.loss_signal().cause(), None);
     let after = lock_rows(&observer, lock_id(&key)).await;
     assert_eq!(after.len(), 1);
