@@ -82,7 +82,9 @@ def read_lines(paths):
         with open(path) as f:
             for line in f:
                 if line.startswith("{"):
-                    rows.append(json.loads(line))
+                    row = json.loads(line)
+                    row.setdefault("rep", 0)  # a bare lockbench line is one rep
+                    rows.append(row)
     return rows
 
 
@@ -380,11 +382,13 @@ def chart_lines(summary, workload, baseline, path, title, x_label, y_label, note
     svg.text(left + plot_w / 2, height - 28, x_label, anchor="middle")
     # Ratio labels at the right end, sorted by height so that they do not overlap.
     ends = []
-    for lib in libs:
+    for j, lib in enumerate(libs):
+        # Each library's points a few pixels apart, so that the whiskers do not hide each other.
+        dx = (j - (len(libs) - 1) / 2) * 5
         pts = [(x, points[(workload, x, lib)]) for x in xs if (workload, x, lib) in points]
-        svg.polyline([(scale_x(x), scale_y(s["ops"])) for x, s in pts], colours[lib])
+        svg.polyline([(scale_x(x) + dx, scale_y(s["ops"])) for x, s in pts], colours[lib])
         for x, s in pts:
-            cx = scale_x(x)
+            cx = scale_x(x) + dx
             svg.line(cx, scale_y(s["min"]), cx, scale_y(s["max"]), colours[lib])
             svg.line(cx - 3, scale_y(s["min"]), cx + 3, scale_y(s["min"]), colours[lib])
             svg.line(cx - 3, scale_y(s["max"]), cx + 3, scale_y(s["max"]), colours[lib])
@@ -397,7 +401,7 @@ def chart_lines(summary, workload, baseline, path, title, x_label, y_label, note
     ends.sort()
     y_prev = -1e9
     for y, lib, ratios in ends:
-        y = max(y, y_prev + 28)
+        y = max(y, y_prev + 30)
         y_prev = y
         svg.text(left + plot_w + 10, y, lib, size=11, fill=colours[lib], weight="bold")
         if lib != baseline and all(r is not None for r in ratios):
@@ -424,9 +428,9 @@ def chart_latency(summary, baseline, path, title):
     for k, (name, f) in enumerate((("p50", 0.55), ("p90", 0.25), ("p99", -0.15))):
         svg.rect(x + k * 52, 34, 12, 12, shade("#606060", f))
         svg.text(x + k * 52 + 16, 44, name)
-    svg.text(20, 62, "ms per op, each panel on its own scale; above each group: p99, as a "
-             f"multiple of {baseline}'s p99 (above {baseline}: its p99 in ms).", size=10,
-             fill="#555")
+    svg.text(20, 62, "ms per op (medians over reps), each panel on its own scale; above each "
+             f"group: p99, as a multiple of {baseline}'s p99 (above {baseline}: its p99 in ms).",
+             size=10, fill="#555")
     svg.text(20, 74, "W3: the handoff from one holder to the next (no p90); W4: one round of "
              "K acquisitions and K releases; W5: one task's acquire + release.", size=10,
              fill="#555")
