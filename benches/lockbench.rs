@@ -48,6 +48,7 @@ async fn run_one(
     dsn: &str,
     kind: LibKind,
     wl: &str,
+    tasks: usize,
     run: &str,
 ) -> Res<serde_json::Value> {
     match wl {
@@ -59,6 +60,7 @@ async fn run_one(
             workloads::w3(args, dsn, kind, run, args.procs, args.tasks_per_proc).await
         }
         "W4_many_keys" => workloads::w4(args, dsn, kind, run).await,
+        "W5_concurrent" => workloads::w5(args, dsn, kind, run, tasks).await,
         other => Err(format!("unknown workload {other}")),
     }
 }
@@ -80,19 +82,34 @@ async fn run_all(args: &Args, dsn: &str) -> Res<bool> {
     // Libraries alternate workload by workload, starting at a random one, so that no library
     // always runs first on a machine whose speed drifts.
     let offset = (uuid::Uuid::new_v4().as_u128() % kinds.len().max(1) as u128) as usize;
+    // W5 runs once per `--tasks` count (one line each); the other workloads once.
+    let cases: Vec<(&str, Option<usize>)> = args
+        .workloads
+        .iter()
+        .flat_map(|wl| -> Vec<(&str, Option<usize>)> {
+            if wl == "W5_concurrent" {
+                args.w5_tasks
+                    .iter()
+                    .map(|&n| (wl.as_str(), Some(n)))
+                    .collect()
+            } else {
+                vec![(wl.as_str(), None)]
+            }
+        })
+        .collect();
     let mut all_ok = true;
     let mut n = 0;
-    for wl in &args.workloads {
+    for (wl, tasks) in cases {
         for j in 0..kinds.len() {
             let kind = kinds[(offset + j) % kinds.len()];
             n += 1;
             let run = format!("{base}-{n}");
-            let line = match run_one(args, dsn, kind, wl, &run).await {
+            let line = match run_one(args, dsn, kind, wl, tasks.unwrap_or(0), &run).await {
                 Ok(v) => v,
                 Err(e) => {
                     let label = kind.label(args);
                     eprintln!("{label} {wl}: FAIL (crashed: {e})");
-                    stats::result(
+                    let mut line = stats::result(
                         &label,
                         wl,
                         0.0,
@@ -101,7 +118,11 @@ async fn run_all(args: &Args, dsn: &str) -> Res<bool> {
                         false,
                         0,
                         serde_json::json!({"crash": e}),
-                    )
+                    );
+                    if let Some(t) = tasks {
+                        line["tasks"] = serde_json::json!(t);
+                    }
+                    line
                 }
             };
             all_ok &= line["correct"].as_bool().unwrap_or(false);

@@ -2,13 +2,14 @@
 
 use std::fmt::Write as _;
 
-pub const ALL_WORKLOADS: [&str; 6] = [
+pub const ALL_WORKLOADS: [&str; 7] = [
     "W1_same",
     "W1_distinct",
     "W2_try_held",
     "W3_1proc",
     "W3_multiproc",
     "W4_many_keys",
+    "W5_concurrent",
 ];
 
 /// The libraries printed when `--lib` is not given (the negative control is opt-in).
@@ -21,14 +22,16 @@ lockbench: advisory-lock benchmark for pglock next to its floors (docs/benchmark
     target/release/deps/lockbench-<hash> [flags]
 
 Workload flags:
-  --workloads LIST        comma list of W1_same,W1_distinct,W2_try_held,W3_1proc,W3_multiproc,W4_many_keys
-                          (default: all)
+  --workloads LIST        comma list of W1_same,W1_distinct,W2_try_held,W3_1proc,W3_multiproc,
+                          W4_many_keys,W5_concurrent (default: all)
   --duration S            timed seconds per workload (default 1.5)
   --warmup S              untimed warm-up seconds before W1/W2/W4 (default 0.3)
   --concurrency N         W3_1proc tasks (default 8)
   --procs N               W3_multiproc processes (default 4)
   --tasks-per-proc N      W3_multiproc tasks per process (default 2)
   --keys N                W4 keys held at once (default 50)
+  --tasks LIST            W5 task counts, comma list: one result line per count and library
+                          (default 8,64,256)
   --ring N                W1_distinct ring of distinct keys (default 1024)
   --dsn URL               server; default $BENCH_DSN, then $DATABASE_URL, then a throwaway
                           server started with pglock_testing::shared_server()
@@ -61,6 +64,8 @@ pub struct Args {
     pub procs: usize,
     pub tasks_per_proc: usize,
     pub keys: usize,
+    /// W5: the numbers of concurrent tasks, one run (and one result line) per number.
+    pub w5_tasks: Vec<usize>,
     pub ring: usize,
     pub sample_interval: f64,
     pub counter_sync_commit: String,
@@ -73,7 +78,7 @@ pub struct Args {
     // W3 worker mode (spawned by the W3 parent; not for humans).
     pub w3_worker: bool,
     pub run_id: Option<String>,
-    pub tasks: usize,
+    pub worker_tasks: usize,
     pub counter_id: i64,
 }
 
@@ -89,6 +94,7 @@ impl Default for Args {
             procs: 4,
             tasks_per_proc: 2,
             keys: 50,
+            w5_tasks: vec![8, 64, 256],
             ring: 1024,
             sample_interval: 0.1,
             counter_sync_commit: "off".to_owned(),
@@ -100,7 +106,7 @@ impl Default for Args {
             log_statements: false,
             w3_worker: false,
             run_id: None,
-            tasks: 1,
+            worker_tasks: 1,
             counter_id: 0,
         }
     }
@@ -182,6 +188,12 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
             "--procs" => a.procs = num(&flag, &value()?)?,
             "--tasks-per-proc" => a.tasks_per_proc = num(&flag, &value()?)?,
             "--keys" => a.keys = num(&flag, &value()?)?,
+            "--tasks" => {
+                a.w5_tasks = split_list(&value()?)
+                    .iter()
+                    .map(|v| num(&flag, v))
+                    .collect::<Result<_, _>>()?
+            }
             "--ring" => a.ring = num(&flag, &value()?)?,
             "--sample-interval" => a.sample_interval = num(&flag, &value()?)?,
             "--counter-sync-commit" => a.counter_sync_commit = value()?,
@@ -197,7 +209,7 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
             "--cycles" => a.cycles = Some(num(&flag, &value()?)?),
             "--warmup-cycles" => a.warmup_cycles = num(&flag, &value()?)?,
             "--run-id" => a.run_id = Some(value()?),
-            "--tasks" => a.tasks = num(&flag, &value()?)?,
+            "--_w3-tasks" => a.worker_tasks = num(&flag, &value()?)?,
             "--counter-id" => a.counter_id = num(&flag, &value()?)?,
             _ => return Err(format!("unknown argument {arg:?}")),
         }
@@ -217,6 +229,9 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
         return Err(
             "--keys, --ring, --concurrency, --procs and --tasks-per-proc must be > 0".into(),
         );
+    }
+    if a.w5_tasks.is_empty() || a.w5_tasks.contains(&0) {
+        return Err("--tasks needs one or more task counts, each > 0".to_owned());
     }
     if a.acquire_timeout
         .is_some_and(|t| !(t > 0.0 && t.is_finite()))

@@ -7,14 +7,19 @@
 //! * `sqlx_raw`: the bare statements on one connection per holder, prepared (the floor).
 //! * `sqlx_advisory`: sqlx's own [`PgAdvisoryLock`], one connection per holder.
 //! * `noop`: a lock that excludes nothing, the negative control.
+//!
+//! W5 (many tasks in one process) builds the two sqlx floors with [`Lib::start_pooled`]
+//! instead: one pool with sqlx's default options, from which each lock takes a connection
+//! (checkout, lock, unlock, return), as a service without a lock library would write it.
 
 use std::time::Duration;
 
 use pglock::{LockGuard, LockManager, LockManagerExt, PostgresLockManager};
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{
     PgAdvisoryLock, PgAdvisoryLockKey, PgConnectOptions, PgConnection, PgPoolOptions,
 };
-use sqlx::{Connection, Either, PgPool};
+use sqlx::{Connection, Either, PgPool, Postgres};
 
 use crate::cli::Args;
 
@@ -105,6 +110,8 @@ pub struct Lib {
     pub kind: LibKind,
     opts: PgConnectOptions,
     manager: Option<PostgresLockManager>,
+    /// The sqlx floors' shared pool in W5 ([`Lib::start_pooled`]); `None` elsewhere.
+    pool: Option<PgPool>,
     acquire_timeout: Option<Duration>,
 }
 
@@ -126,8 +133,20 @@ impl Lib {
             kind,
             opts,
             manager,
+            pool: None,
             acquire_timeout: args.acquire_timeout.map(Duration::from_secs_f64),
         })
+    }
+
+    /// W5's libraries: the pglock ones as in [`Lib::start`]; `sqlx_raw` and `sqlx_advisory`
+    /// on one pool with sqlx's default options (`--pool-max` sets its `max_connections`), a
+    /// pooled connection taken per lock. `noop` as ever.
+    pub fn start_pooled(kind: LibKind, dsn: &str, app: &str, args: &Args) -> Res<Lib> {
+        let mut lib = Lib::start(kind, dsn, app, args)?;
+        if matches!(kind, LibKind::SqlxRaw | LibKind::SqlxAdvisory) {
+            lib.pool = Some(default_pool(&lib.opts, args));
+        }
+        Ok(lib)
     }
 
     pub fn key(&self, run_id: &str, scope: &str, i: usize) -> Key {
@@ -144,6 +163,14 @@ impl Lib {
                 let manager = self.manager.clone().expect("pglock libs have a manager");
                 Holder::Pglock(manager, self.acquire_timeout)
             }
+            LibKind::SqlxRaw | LibKind::SqlxAdvisory if self.pool.is_some() => {
+                let pool = self.pool.clone().expect("checked just above");
+                if self.kind == LibKind::SqlxRaw {
+                    Holder::PooledRaw(pool)
+                } else {
+                    Holder::PooledAdvisory(pool)
+                }
+            }
             LibKind::SqlxRaw => {
                 Holder::Raw(PgConnection::connect_with(&self.opts).await.map_err(err)?)
             }
@@ -158,6 +185,9 @@ impl Lib {
         if let Some(manager) = self.manager {
             let _ = manager.release_all().await;
             manager.pool().close().await;
+        }
+        if let Some(pool) = self.pool {
+            pool.close().await;
         }
     }
 }
@@ -201,6 +231,12 @@ pub enum Holder {
     Pglock(PostgresLockManager, Option<Duration>),
     Raw(PgConnection),
     Advisory(PgConnection),
+    /// W5's `sqlx_raw`: a connection from the shared default pool per lock, the bare
+    /// statements on it.
+    PooledRaw(PgPool),
+    /// W5's `sqlx_advisory`: a connection from the shared default pool per lock,
+    /// `PgAdvisoryLock` on it.
+    PooledAdvisory(PgPool),
     Noop,
 }
 
@@ -209,12 +245,21 @@ pub enum Held {
     Guard(LockGuard),
     Id(i64),
     Advisory(PgAdvisoryLock),
+    /// A pooled lock: the connection stays checked out until the release has run on it.
+    PooledId(PoolConnection<Postgres>, i64),
+    PooledAdvisory(PoolConnection<Postgres>, PgAdvisoryLock),
     Nothing,
 }
 
 const TRY_LOCK: &str = "SELECT pg_try_advisory_lock($1)";
 const LOCK: &str = "SELECT pg_advisory_lock($1)";
 const UNLOCK: &str = "SELECT pg_advisory_unlock($1)";
+
+/// A connection from the pool, as `PgPool::acquire` hands it out (with sqlx's default
+/// options: a ping on the idle connection first, `test_before_acquire`).
+async fn checkout(pool: &PgPool) -> Res<PoolConnection<Postgres>> {
+    pool.acquire().await.map_err(err)
+}
 
 async fn raw_bool(conn: &mut PgConnection, sql: &'static str, id: i64) -> Res<bool> {
     // Persistent (the default): prepared once per connection, then Bind/Execute/Sync.
@@ -229,15 +274,26 @@ impl Holder {
     /// W1's acquisition of a free key. sqlx_raw uses `pg_try_advisory_lock`, which must say
     /// true (as the asyncpg and pgbench floors do); the libraries use their blocking acquire.
     pub async fn acquire_uncontended(&mut self, key: &Key) -> Res<Held> {
+        let refused = || {
+            format!(
+                "pg_try_advisory_lock({}) returned false on a free key",
+                key.id
+            )
+        };
         match self {
             Holder::Raw(conn) => {
                 if raw_bool(conn, TRY_LOCK, key.id).await? {
                     Ok(Held::Id(key.id))
                 } else {
-                    Err(format!(
-                        "pg_try_advisory_lock({}) returned false on a free key",
-                        key.id
-                    ))
+                    Err(refused())
+                }
+            }
+            Holder::PooledRaw(pool) => {
+                let mut conn = checkout(pool).await?;
+                if raw_bool(&mut conn, TRY_LOCK, key.id).await? {
+                    Ok(Held::PooledId(conn, key.id))
+                } else {
+                    Err(refused())
                 }
             }
             _ => self.acquire(key).await,
@@ -272,6 +328,26 @@ impl Holder {
                 guard.leak();
                 Ok(Held::Advisory(lock.clone()))
             }
+            Holder::PooledRaw(pool) => {
+                let mut conn = checkout(pool).await?;
+                sqlx::query(LOCK)
+                    .bind(key.id)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(err)?;
+                Ok(Held::PooledId(conn, key.id))
+            }
+            Holder::PooledAdvisory(pool) => {
+                let lock = key
+                    .adv
+                    .as_ref()
+                    .expect("sqlx_advisory keys carry their lock");
+                let mut conn = checkout(pool).await?;
+                // As above: the guard would borrow the pooled connection, which the caller
+                // keeps until the release.
+                lock.acquire(&mut *conn).await.map_err(err)?.leak();
+                Ok(Held::PooledAdvisory(conn, lock.clone()))
+            }
             Holder::Noop => {
                 tokio::task::yield_now().await;
                 Ok(Held::Nothing)
@@ -297,6 +373,22 @@ impl Holder {
                 }
             }
             (Holder::Advisory(conn), Held::Advisory(lock)) => {
+                let (_, released) = lock.force_release(&mut *conn).await.map_err(err)?;
+                if released {
+                    Ok(())
+                } else {
+                    Err("PgAdvisoryLock::force_release returned false: not held".into())
+                }
+            }
+            // The pooled connection goes back to the pool when dropped, after the unlock.
+            (Holder::PooledRaw(_), Held::PooledId(mut conn, id)) => {
+                if raw_bool(&mut conn, UNLOCK, id).await? {
+                    Ok(())
+                } else {
+                    Err(format!("pg_advisory_unlock({id}) returned false: not held"))
+                }
+            }
+            (Holder::PooledAdvisory(_), Held::PooledAdvisory(mut conn, lock)) => {
                 let (_, released) = lock.force_release(&mut *conn).await.map_err(err)?;
                 if released {
                     Ok(())
@@ -336,6 +428,11 @@ impl Holder {
                     Either::Right(_) => Ok(false),
                 }
             }
+            // Only W5 builds pooled holders, and W5 takes no tries: a granted try would leave
+            // the lock on a connection back in the pool, out of `release_tried`'s reach.
+            Holder::PooledRaw(_) | Holder::PooledAdvisory(_) => {
+                Err("the pooled floors (W5) take no tries".into())
+            }
             Holder::Noop => {
                 tokio::task::yield_now().await;
                 Ok(true)
@@ -355,6 +452,9 @@ impl Holder {
                     .expect("sqlx_advisory keys carry their lock");
                 self.release(Held::Advisory(lock)).await
             }
+            Holder::PooledRaw(_) | Holder::PooledAdvisory(_) => {
+                Err("the pooled floors (W5) take no tries".into())
+            }
             Holder::Noop => Ok(()),
         }
     }
@@ -364,7 +464,11 @@ impl Holder {
             Holder::Raw(conn) | Holder::Advisory(conn) => {
                 let _ = conn.close().await;
             }
-            Holder::Pglock(..) | Holder::Noop => {}
+            // A pool closes with its `Lib`.
+            Holder::Pglock(..)
+            | Holder::PooledRaw(_)
+            | Holder::PooledAdvisory(_)
+            | Holder::Noop => {}
         }
     }
 }

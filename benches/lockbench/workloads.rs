@@ -309,9 +309,9 @@ pub async fn w3_worker(args: &Args, dsn: &str) -> Res<()> {
     let run = args.run_id.clone().ok_or("worker needs --run-id")?;
     let apps = Apps::new(&run);
     let lib = Lib::start(kind, dsn, &apps.lib, args)?;
-    let mut holders = Vec::with_capacity(args.tasks);
-    let mut counters = Vec::with_capacity(args.tasks);
-    for _ in 0..args.tasks {
+    let mut holders = Vec::with_capacity(args.worker_tasks);
+    let mut counters = Vec::with_capacity(args.worker_tasks);
+    for _ in 0..args.worker_tasks {
         holders.push(lib.new_holder().await?);
         let settings = [("synchronous_commit", args.counter_sync_commit.as_str())];
         counters.push(connect(dsn, &apps.harness, &settings).await?);
@@ -349,7 +349,7 @@ pub async fn w3_worker(args: &Args, dsn: &str) -> Res<()> {
         tokio::time::sleep(Duration::from_nanos(t0 - now)).await;
     }
 
-    let mut tasks = Vec::with_capacity(args.tasks);
+    let mut tasks = Vec::with_capacity(args.worker_tasks);
     for (mut h, mut counter) in holders.into_iter().zip(counters) {
         let key = key.clone();
         tasks.push(tokio::spawn(async move {
@@ -464,7 +464,7 @@ fn worker_argv(
         dsn,
         "--run-id",
         run,
-        "--tasks",
+        "--_w3-tasks",
         &tasks.to_string(),
         "--counter-id",
         &cid.to_string(),
@@ -772,4 +772,174 @@ async fn w4_body(args: &Args, lib: &Lib, apps: &Apps, probe: &mut PgConnection) 
                "ops": "keys per second (one acquire + one release each)",
                "latency": "one round: acquire K keys then release K"}),
     ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// W5: N tasks in one process, each acquiring and releasing a key of its own
+// ---------------------------------------------------------------------------------------------
+
+/// W5 with `n_tasks` tasks. The pglock libraries share one manager (one per process, as its
+/// docs prescribe); the sqlx floors share one default pool and take a connection per lock.
+pub async fn w5(args: &Args, dsn: &str, kind: LibKind, run: &str, n_tasks: usize) -> Res<Value> {
+    let apps = Apps::new(run);
+    let mut probe = connect(dsn, &apps.harness, &[]).await?;
+    let lib = Lib::start_pooled(kind, dsn, &apps.lib, args)?;
+    let out = w5_body(args, dsn, &lib, &apps, &mut probe, n_tasks).await;
+    lib.close().await;
+    let _ = probe.close().await;
+    out
+}
+
+/// What one W5 task hands back after a phase.
+struct W5Task {
+    holder: Holder,
+    /// Latency of every op that started before the deadline and succeeded, in ns.
+    lat: Vec<i64>,
+    /// Ops that also ended by the deadline: the ones throughput counts.
+    in_window: u64,
+    /// The op that failed, if one did (the task stops at its first error).
+    error: Option<String>,
+    /// When the task's last op ended.
+    end: Instant,
+}
+
+/// Runs one task per holder, each cycling its own key (acquire + release) until `deadline`,
+/// on the current (single-threaded) runtime, and hands the holders back in order.
+async fn w5_phase(holders: Vec<Holder>, keys: &[Key], deadline: Instant) -> Res<Vec<W5Task>> {
+    let mut tasks = Vec::with_capacity(holders.len());
+    for (mut holder, key) in holders.into_iter().zip(keys.iter().cloned()) {
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(1024);
+            let (mut in_window, mut error) = (0, None);
+            loop {
+                let s = Instant::now();
+                if s >= deadline {
+                    break;
+                }
+                if let Err(e) = cycle(&mut holder, &key).await {
+                    error = Some(e);
+                    break;
+                }
+                let e = Instant::now();
+                lat.push((e - s).as_nanos() as i64);
+                in_window += u64::from(e <= deadline);
+            }
+            W5Task {
+                holder,
+                lat,
+                in_window,
+                error,
+                end: Instant::now(),
+            }
+        }));
+    }
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(t.await.map_err(err)?);
+    }
+    Ok(out)
+}
+
+async fn w5_body(
+    args: &Args,
+    dsn: &str,
+    lib: &Lib,
+    apps: &Apps,
+    probe: &mut PgConnection,
+    n_tasks: usize,
+) -> Res<Value> {
+    let wl = "W5_concurrent";
+    let mut label = lib.kind.label(args);
+    // The pooled floors' pool follows --pool-max too; say so as pglock's labels do.
+    if let (LibKind::SqlxRaw | LibKind::SqlxAdvisory, Some(max)) = (lib.kind, args.pool_max) {
+        label.push_str(&format!("_pool{max}"));
+    }
+    let keys: Vec<Key> = (0..n_tasks).map(|i| lib.key(&apps.run_id, wl, i)).collect();
+    let ids: Vec<i64> = keys.iter().map(|k| k.id).collect();
+    let mut holders = Vec::with_capacity(n_tasks);
+    for _ in 0..n_tasks {
+        holders.push(lib.new_holder().await?);
+    }
+
+    // Untimed visibility probe, task by task (holding all N at once would need N pooled
+    // connections): every task's key seen held by another session while its task holds it,
+    // and free after. This is the check `noop`, which excludes nothing, fails.
+    let (mut seen_held, mut seen_free) = (0usize, 0usize);
+    for (h, k) in holders.iter_mut().zip(&keys) {
+        let held = h.acquire_uncontended(k).await?;
+        seen_held += usize::from(held_elsewhere(probe, k.id).await?);
+        h.release(held).await?;
+        seen_free += usize::from(!held_elsewhere(probe, k.id).await?);
+    }
+
+    let mut errors: Vec<String> = Vec::new();
+    let warm = w5_phase(holders, &keys, Instant::now() + secs(args.warmup)).await?;
+    let mut holders = Vec::with_capacity(n_tasks);
+    for t in warm {
+        errors.extend(t.error);
+        holders.push(t.holder);
+    }
+
+    let sampler = start_sampler(args, dsn, apps).await?;
+    let t0 = Instant::now();
+    let deadline = t0 + secs(args.duration);
+    let timed = w5_phase(holders, &keys, deadline).await?;
+    let conns = stop_sampler(sampler, probe, &apps.lib).await?;
+    // Before the library closes (pglock's manager releases everything it still holds then).
+    let leaked = count_held(probe, &ids).await?;
+
+    let mut lat = Vec::new();
+    let mut per_task = Vec::with_capacity(n_tasks);
+    let mut end = deadline;
+    for t in timed {
+        lat.extend_from_slice(&t.lat);
+        per_task.push(t.in_window as usize);
+        errors.extend(t.error);
+        end = end.max(t.end);
+        t.holder.close().await;
+    }
+    let ops: usize = per_task.iter().sum();
+    let lat = Latencies::sorted(lat);
+    let fairness = jain(&per_task);
+    let (pt_min, pt_max) = (
+        per_task.iter().copied().min().unwrap_or(0),
+        per_task.iter().copied().max().unwrap_or(0),
+    );
+    let correct =
+        seen_held == n_tasks && seen_free == n_tasks && errors.is_empty() && leaked == 0 && ops > 0;
+    log(&format!(
+        "{label} {wl}: {} tasks={n_tasks} ops={ops} seen_held={seen_held}/{n_tasks} \
+         seen_free={seen_free}/{n_tasks} errors={} {:?} leaked={leaked} per_task=[{pt_min}..{pt_max}] \
+         connections={conns}",
+        pass(correct),
+        errors.len(),
+        errors.first(),
+    ));
+    let round3 = |v: f64| (v * 1000.0).round() / 1000.0;
+    let mut line = result(
+        &label,
+        wl,
+        ops as f64 / args.duration,
+        lat.p50(),
+        lat.p99(),
+        correct,
+        conns,
+        json!({
+            "n": ops, "completed": lat.0.len(), "duration_s": args.duration,
+            "drain_s": round3((end - deadline).as_secs_f64()),
+            "seen_held": seen_held, "seen_free": seen_free, "errors": errors.len(),
+            "first_errors": errors.iter().take(3).collect::<Vec<_>>(), "leaked": leaked,
+            "per_task_min": pt_min, "per_task_max": pt_max, "fairness_jain": round3(fairness),
+            "tail": lat.tail(),
+            "pool": match lib.kind {
+                LibKind::SqlxRaw | LibKind::SqlxAdvisory => "default pool, a connection per lock",
+                LibKind::Pglock | LibKind::PglockDefaultPool => "one manager",
+                LibKind::Noop => "none",
+            },
+            "ops": "acquire+release cycles of all tasks, ended by the deadline, per second",
+            "latency": "acquire+release per cycle, one task's",
+        }),
+    );
+    line["tasks"] = json!(n_tasks);
+    Ok(line)
 }
