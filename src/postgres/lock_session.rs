@@ -28,6 +28,8 @@ use super::errors::{breaks_connection, has_sqlstate};
 use super::statements::{Statements, target_args};
 use super::wait_session::PgSession;
 use crate::core::Liveness;
+
+mod batch;
 use crate::{LockMode, LockTarget, LossCause};
 
 /// Why a command did not complete.
@@ -181,6 +183,7 @@ impl LockSession {
                 last_active: Instant::now(),
                 liveness: Arc::clone(&liveness),
                 inbox,
+                pending: None,
                 me: me.clone(),
                 shared: Arc::clone(&shared),
                 context,
@@ -332,6 +335,9 @@ struct Task {
     shared: Arc<Shared>,
     context: Arc<SessionContext>,
     events: Weak<dyn SessionEvents>,
+    /// A command taken from the inbox while gathering a batch it did not belong to: the next
+    /// to run.
+    pending: Option<Command>,
 }
 
 /// The connection can no longer be used; the task ends and closes it.
@@ -364,9 +370,9 @@ impl Task {
                 Ok(None) => return,
                 Err(cause) => return self.close(cause),
             };
-            let outcome = self.execute(command).await;
+            let (outcome, ran) = self.execute_queued(command).await;
             self.last_active = Instant::now();
-            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            self.shared.queued.fetch_sub(ran, Ordering::SeqCst);
             if outcome.is_err() {
                 // A statement left unanswered past the session's silence bound: the server may
                 // have ended the session for it.
@@ -389,6 +395,9 @@ impl Task {
                 // Unheard for longer than the server allows (the process was frozen, or
                 // starved): the session may be gone, and its locks with it.
                 return Err(LossCause::Expired);
+            }
+            if let Some(command) = self.pending.take() {
+                return Ok(Some(command));
             }
             let held = self.shared.held.load(Ordering::SeqCst);
             let unavailable = self.shared.unavailable.load(Ordering::SeqCst);
@@ -563,10 +572,26 @@ impl Task {
             let _ = reply.send(Ok(None));
             return Ok(());
         }
+        if self.deliver(target, mode, token, reply) {
+            Ok(())
+        } else {
+            self.undo(target, mode).await
+        }
+    }
+
+    /// Hands a granted lock to its caller; false when nobody is left to receive it, and the
+    /// lock must be taken back before anything else runs here.
+    fn deliver(
+        &mut self,
+        target: LockTarget,
+        mode: LockMode,
+        token: Option<i64>,
+        reply: oneshot::Sender<TryAnswer>,
+    ) -> bool {
         self.shared.held.fetch_add(1, Ordering::SeqCst);
         let Some(session) = self.me.upgrade() else {
             // No handle left, so no caller is waiting.
-            return self.undo(target, mode).await;
+            return false;
         };
         let lease = Lease {
             session,
@@ -575,13 +600,12 @@ impl Task {
             armed: true,
         };
         match reply.send(Ok(Some((lease, token)))) {
-            Ok(()) => Ok(()),
+            Ok(()) => true,
             Err(unsent) => {
-                // The caller has gone: take the lock back before anything else runs here.
                 if let Ok(Some((mut lease, _))) = unsent {
                     lease.armed = false;
                 }
-                self.undo(target, mode).await
+                false
             }
         }
     }
