@@ -89,7 +89,9 @@ use crate::core::{Core, delegate_lock_manager};
 ///
 /// * **`try_acquire(key)`** is one `pg_try_advisory_lock` on a lock session: one round trip,
 ///   no pool checkout once a lock session is open. `None` means held, by anyone, including
-///   this manager.
+///   this manager. Under load, the tries (and the unlocks) queued on a lock session run as one
+///   statement, one round trip for up to 256 of them, each caller getting its own answer;
+///   fenced tries run one by one.
 /// * **`acquire(key, timeout)`** first tries the same way. If the key is held elsewhere it
 ///   waits on the server, in PostgreSQL's FIFO lock queue, on a session of its own: one
 ///   simple-query message sets `lock_timeout` for that statement only and calls
