@@ -281,10 +281,7 @@ async fn a_runtime_busy_for_seconds_keeps_its_locks() {
     std::thread::sleep(Duration::from_secs(3));
     // Past the bound since the block began: the session lives only if it was heard again.
     tokio::time::sleep(bound - Duration::from_secs(2)).await;
-    assert_eq!(guard.loss_signal().cause(), None);
-    let after = lock_rows(&observer, lock_id(&key)).await;
-    assert_eq!(after.len(), 1);
-    assert_eq!(after[0].pid, before[0].pid, "the same session holds it");
+    still_held_by(&observer, &guard, &key, before[0].pid).await;
     guard.release().await.expect("release");
 }
 
@@ -300,11 +297,16 @@ async fn a_lock_held_for_many_bounds_keeps_its_session() {
     let guard = locks.acquire(&key, None).await.expect("acquire");
     let before = lock_rows(&observer, lock_id(&key)).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
-    assert_eq!(guard.loss_signal().cause(), None);
-    let after = lock_rows(&observer, lock_id(&key)).await;
-    assert_eq!(after.len(), 1);
-    assert_eq!(after[0].pid, before[0].pid, "the same session holds it");
+    still_held_by(&observer, &guard, &key, before[0].pid).await;
     guard.release().await.expect("release");
+}
+
+/// The guard has not been told of a loss, and the server session `pid` still holds `key`.
+async fn still_held_by(observer: &PgPool, guard: &pglock::LockGuard, key: &str, pid: i32) {
+    assert_eq!(guard.loss_signal().cause(), None);
+    let after = lock_rows(observer, lock_id(key)).await;
+    assert_eq!(after.len(), 1);
+    assert_eq!(after[0].pid, pid, "the same session holds it");
 }
 
 #[tokio::test]
