@@ -1,5 +1,7 @@
 //! Lock keys and the frozen key-to-lock-id derivation.
 
+use std::sync::Arc;
+
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
@@ -111,19 +113,43 @@ pub fn migration_lock_key(tenant_id: Uuid, operation: &str) -> String {
 /// assert_eq!(LockKey::from("alpha").to_string(), "alpha");
 /// assert_eq!(LockKey::pair(1, 2).to_string(), "pair:1,2");
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LockKey {
     repr: Repr,
 }
 
 // Names are shared, not copied: a key is cloned into the registry, the guard and the lock info
-// of every acquisition.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+// of every acquisition. A name's id is derived once, when the key is made. One thin pointer
+// keeps the key (and every error that carries one) small.
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum Repr {
-    Name(std::sync::Arc<str>),
+    Name(Arc<Named>),
     Id(i64),
     Pair(i32, i32),
-    Sqlx(std::sync::Arc<str>),
+    Sqlx(Arc<Named>),
+}
+
+/// A name and the lock id derived from it.
+#[derive(Debug, PartialEq, Eq)]
+struct Named {
+    // First, so unequal keys usually differ at the first comparison.
+    id: i64,
+    name: Box<str>,
+}
+
+/// Hashes the key's kind and its lock id only: equal keys have equal ids, and an id is already
+/// a well-mixed hash of a name, so the name's bytes need not be hashed again.
+impl std::hash::Hash for LockKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let kind: u8 = match self.repr {
+            Repr::Name(..) => 0,
+            Repr::Id(_) => 1,
+            Repr::Pair(..) => 2,
+            Repr::Sqlx(..) => 3,
+        };
+        state.write_u8(kind);
+        state.write_i64(self.target().packed());
+    }
 }
 
 /// The PostgreSQL advisory lock a [`LockKey`] stands for: one of the two key spaces of
@@ -160,8 +186,9 @@ impl LockTarget {
 impl LockKey {
     /// A key named `name`, locked as `pg_advisory_lock(lock_id(name))`: the default.
     pub fn name(name: impl Into<String>) -> Self {
+        let name: String = name.into();
         LockKey {
-            repr: Repr::Name(name.into().into()),
+            repr: Repr::Name(names::intern(&name, || name.clone().into_boxed_str())),
         }
     }
 
@@ -193,27 +220,76 @@ impl LockKey {
     /// );
     /// ```
     pub fn sqlx(name: impl Into<String>) -> Self {
+        let name = name.into().into_boxed_str();
         LockKey {
-            repr: Repr::Sqlx(name.into().into()),
+            repr: Repr::Sqlx(Arc::new(Named {
+                id: sqlx_lock_id(&name),
+                name,
+            })),
         }
     }
 
     /// The advisory lock this key stands for.
     pub fn target(&self) -> LockTarget {
         match &self.repr {
-            Repr::Name(name) => LockTarget::BigInt(lock_id(name)),
+            Repr::Name(named) | Repr::Sqlx(named) => LockTarget::BigInt(named.id),
             Repr::Id(id) => LockTarget::BigInt(*id),
             Repr::Pair(a, b) => LockTarget::IntPair(*a, *b),
-            Repr::Sqlx(name) => LockTarget::BigInt(sqlx_lock_id(name)),
         }
     }
 
     /// The name of a key made from a string with the default derivation.
     pub fn as_name(&self) -> Option<&str> {
         match &self.repr {
-            Repr::Name(name) => Some(name),
+            Repr::Name(named) => Some(&named.name),
             _ => None,
         }
+    }
+}
+
+/// Names made into keys lately, with their lock ids, so that a key made again and again (a
+/// service locks the same keys all day, often from a `&str` each time) costs neither the
+/// SHA-256 nor an allocation. Direct-mapped: a name's slot is chosen by a cheap hash of its
+/// bytes, and a miss takes the slot over. The cache holds at most [`SLOTS`] names.
+mod names {
+    use std::sync::{Arc, Mutex};
+
+    use super::Named;
+
+    const SLOTS: usize = 1024;
+
+    static CACHE: [Mutex<Option<Arc<Named>>>; SLOTS] = [const { Mutex::new(None) }; SLOTS];
+
+    /// `name` with its id, shared with the keys made of it lately; `copy` makes the name's
+    /// own copy when it is not cached.
+    pub(super) fn intern(name: &str, copy: impl FnOnce() -> Box<str>) -> Arc<Named> {
+        let slot = &CACHE[slot_of(name.as_bytes())];
+        if let Some(cached) = &*crate::sync::lock(slot)
+            && *cached.name == *name
+        {
+            return Arc::clone(cached);
+        }
+        let named = Arc::new(Named {
+            id: super::lock_id(name),
+            name: copy(),
+        });
+        *crate::sync::lock(slot) = Some(Arc::clone(&named));
+        named
+    }
+
+    /// FxHash of the bytes, folded to a slot.
+    pub(super) fn slot_of(bytes: &[u8]) -> usize {
+        const K: u64 = 0xf135_7aea_2e62_a9c5;
+        let mut hash = bytes.len() as u64;
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let word = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
+            hash = (hash ^ word).wrapping_mul(K).rotate_left(26);
+        }
+        for &byte in chunks.remainder() {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(K).rotate_left(26);
+        }
+        (hash.wrapping_mul(K) >> 54) as usize % SLOTS
     }
 }
 
@@ -232,10 +308,10 @@ fn sqlx_lock_id(name: &str) -> i64 {
 impl std::fmt::Display for LockKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.repr {
-            Repr::Name(name) => f.write_str(name),
+            Repr::Name(named) => f.write_str(&named.name),
             Repr::Id(id) => write!(f, "id:{id}"),
             Repr::Pair(a, b) => write!(f, "pair:{a},{b}"),
-            Repr::Sqlx(name) => write!(f, "sqlx:{name}"),
+            Repr::Sqlx(named) => write!(f, "sqlx:{}", named.name),
         }
     }
 }
@@ -269,7 +345,7 @@ impl PartialEq<LockKey> for &str {
 impl From<&str> for LockKey {
     fn from(name: &str) -> Self {
         LockKey {
-            repr: Repr::Name(name.into()),
+            repr: Repr::Name(names::intern(name, || name.into())),
         }
     }
 }
@@ -282,7 +358,7 @@ impl From<String> for LockKey {
 
 impl From<&String> for LockKey {
     fn from(name: &String) -> Self {
-        LockKey::name(name.as_str())
+        LockKey::from(name.as_str())
     }
 }
 
@@ -313,6 +389,30 @@ impl From<(i32, i32)> for LockKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_sharing_a_cache_slot_keep_their_own_ids() {
+        // Two names that land in the same slot of the cache, made in turn, again and again:
+        // each key always carries its own name's id, and equal names give equal keys.
+        let first = "slot-probe-0".to_owned();
+        let slot = names::slot_of(first.as_bytes());
+        let second = (1..100_000)
+            .map(|n| format!("slot-probe-{n}"))
+            .find(|name| names::slot_of(name.as_bytes()) == slot)
+            .expect("some name shares the slot");
+        for _ in 0..3 {
+            for name in [&first, &second] {
+                let key = LockKey::from(name.as_str());
+                assert_eq!(key.target(), LockTarget::BigInt(lock_id(name)), "{name}");
+                assert_eq!(key.as_name(), Some(name.as_str()));
+                assert_eq!(key, LockKey::name(name.clone()));
+            }
+        }
+        assert_ne!(
+            LockKey::from(first.as_str()),
+            LockKey::from(second.as_str())
+        );
+    }
 
     #[test]
     fn ids_are_non_negative_for_keys_of_any_shape() {

@@ -121,15 +121,21 @@ impl fmt::Display for LossCause {
 #[derive(Clone, Default)]
 pub struct LossSignal {
     token: CancellationToken,
-    cause: Arc<OnceLock<LossCause>>,
+    state: Arc<State>,
     /// Set for a lock whose session the server ends after a silence: past its expiry the
     /// signal counts as fired ([`LossCause::Expired`]) as soon as anyone looks at it, without
     /// waiting for the manager's own tasks, which a frozen process runs only after the code
     /// that looks.
     expiry: Option<Arc<Liveness>>,
+}
+
+/// What every clone of a signal shares (one allocation for both).
+#[derive(Default)]
+struct State {
+    cause: OnceLock<LossCause>,
     /// Set once the acquisition ended without a loss (its guard released it, or handed it on):
     /// its session's later silence is no longer this signal's business.
-    settled: Arc<AtomicBool>,
+    settled: AtomicBool,
 }
 
 impl LossSignal {
@@ -140,7 +146,7 @@ impl LossSignal {
 
     /// Fires the signal. The first cause wins; later calls do nothing and return false.
     pub fn declare(&self, cause: LossCause) -> bool {
-        let first = self.cause.set(cause).is_ok();
+        let first = self.state.cause.set(cause).is_ok();
         if first {
             self.token.cancel();
         }
@@ -156,12 +162,12 @@ impl LossSignal {
     /// The acquisition ended quietly (released by its guard, or handed on): the signal will not
     /// fire for its session's silence from now on.
     pub(crate) fn settle(&self) {
-        self.settled.store(true, Ordering::Release);
+        self.state.settled.store(true, Ordering::Release);
     }
 
     /// Fires the signal as [`LossCause::Expired`] if its session's silence has run out.
     fn check_expiry(&self) {
-        if self.settled.load(Ordering::Acquire) {
+        if self.state.settled.load(Ordering::Acquire) {
             return;
         }
         if self
@@ -177,13 +183,13 @@ impl LossSignal {
     /// than the server allows).
     pub fn is_lost(&self) -> bool {
         self.check_expiry();
-        self.cause.get().is_some()
+        self.state.cause.get().is_some()
     }
 
     /// Why the lock was lost, once it has been.
     pub fn cause(&self) -> Option<LossCause> {
         self.check_expiry();
-        self.cause.get().cloned()
+        self.state.cause.get().cloned()
     }
 
     /// Completes when the lock is declared lost (never, if it is not).
@@ -193,7 +199,8 @@ impl LossSignal {
     /// Cancel safe: it only waits.
     pub async fn lost(&self) -> LossCause {
         self.token.cancelled().await;
-        self.cause
+        self.state
+            .cause
             .get()
             .cloned()
             .expect("the cause is set before the token is cancelled")
@@ -257,7 +264,7 @@ impl LossSignal {
 impl fmt::Debug for LossSignal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LossSignal")
-            .field("cause", &self.cause.get())
+            .field("cause", &self.state.cause.get())
             .finish_non_exhaustive()
     }
 }

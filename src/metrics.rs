@@ -122,13 +122,15 @@ impl Metrics {
         #[cfg(feature = "metrics")]
         if let Some(m) = &self.instruments {
             use opentelemetry::KeyValue;
-            let attributes = m.with_holder([
+            let attributes = [
                 KeyValue::new(crate::telemetry::metrics::OPERATION, operation),
                 KeyValue::new(crate::telemetry::MODE, mode.as_str()),
                 KeyValue::new(crate::telemetry::OUTCOME, outcome),
-            ]);
-            m.wait.record(waited.as_secs_f64(), &attributes);
-            m.acquisitions.add(1, &attributes);
+            ];
+            m.with_holder(attributes, |attributes| {
+                m.wait.record(waited.as_secs_f64(), attributes);
+                m.acquisitions.add(1, attributes);
+            });
         }
     }
 
@@ -137,7 +139,7 @@ impl Metrics {
     pub(crate) fn held(&self, delta: i64) {
         #[cfg(feature = "metrics")]
         if let Some(m) = self.instruments.as_ref().filter(|_| delta != 0) {
-            m.held.add(delta, &m.with_holder([]));
+            m.with_holder([], |attributes| m.held.add(delta, attributes));
         }
     }
 
@@ -146,7 +148,7 @@ impl Metrics {
     pub(crate) fn budget(&self, limit: usize) {
         #[cfg(feature = "metrics")]
         if let Some(m) = &self.instruments {
-            m.budget.record(limit as u64, &m.with_holder([]));
+            m.with_holder([], |attributes| m.budget.record(limit as u64, attributes));
         }
     }
 
@@ -156,7 +158,7 @@ impl Metrics {
         #[cfg(feature = "metrics")]
         if let Some(m) = &self.instruments {
             let cause = opentelemetry::KeyValue::new(crate::telemetry::CAUSE, cause.as_str());
-            m.lost.add(1, &m.with_holder([cause]));
+            m.with_holder([cause], |attributes| m.lost.add(1, attributes));
         }
     }
 
@@ -166,21 +168,30 @@ impl Metrics {
         #[cfg(feature = "metrics")]
         if let Some(m) = &self.instruments {
             let mode = opentelemetry::KeyValue::new(crate::telemetry::MODE, mode.as_str());
-            m.hold.record(held.as_secs_f64(), &m.with_holder([mode]));
+            m.with_holder([mode], |attributes| {
+                m.hold.record(held.as_secs_f64(), attributes);
+            });
         }
     }
 }
 
 #[cfg(feature = "metrics")]
 impl Instruments {
-    /// `attributes`, plus the holder id when it was opted in.
+    /// Runs `record` with `attributes`, plus the holder id when it was opted in; without it,
+    /// nothing is allocated.
     fn with_holder<const N: usize>(
         &self,
         attributes: [opentelemetry::KeyValue; N],
-    ) -> Vec<opentelemetry::KeyValue> {
-        let mut all = Vec::with_capacity(N + 1);
-        all.extend(attributes);
-        all.extend(self.holder.iter().cloned());
-        all
+        record: impl FnOnce(&[opentelemetry::KeyValue]),
+    ) {
+        match &self.holder {
+            None => record(&attributes),
+            Some(holder) => {
+                let mut all = Vec::with_capacity(N + 1);
+                all.extend(attributes);
+                all.push(holder.clone());
+                record(&all);
+            }
+        }
     }
 }

@@ -2,6 +2,8 @@
 //! the rules for letting go (by key, by generation, all at once, or as a loss).
 
 use std::collections::HashMap;
+
+use super::FastHash;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -17,7 +19,7 @@ use crate::{
 };
 
 pub(super) struct State<S: Send + 'static> {
-    pub(super) held: HashMap<LockKey, Held<S>>,
+    pub(super) held: HashMap<LockKey, Held<S>, FastHash>,
     /// One FIFO turn per key (see `turn.rs`).
     pub(super) turns: Slots<LockKey, Turn<S>>,
 }
@@ -65,7 +67,7 @@ pub(crate) struct Watched {
 impl<S: Send + 'static> State<S> {
     pub(super) fn new() -> Self {
         State {
-            held: HashMap::new(),
+            held: HashMap::default(),
             turns: Slots::new(Turn::default),
         }
     }

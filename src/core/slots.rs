@@ -2,6 +2,8 @@
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
+
+use super::FastHash;
 use std::hash::Hash;
 use std::sync::{Arc, Weak};
 
@@ -9,7 +11,7 @@ use std::sync::{Arc, Weak};
 /// whenever the table has doubled since the last sweep, so the table stays proportional to the
 /// names in use.
 pub(crate) struct Slots<K, T> {
-    slots: HashMap<K, Weak<T>>,
+    slots: HashMap<K, Weak<T>, FastHash>,
     make: fn() -> T,
     sweep_at: usize,
 }
@@ -17,7 +19,7 @@ pub(crate) struct Slots<K, T> {
 impl<K: Hash + Eq, T> Slots<K, T> {
     pub(crate) fn new(make: fn() -> T) -> Self {
         Slots {
-            slots: HashMap::new(),
+            slots: HashMap::default(),
             make,
             sweep_at: 64,
         }

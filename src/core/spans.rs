@@ -19,7 +19,7 @@ pub(crate) fn acquire_span(
     if !enabled {
         return Span::none();
     }
-    let span = tracing::info_span!(
+    let span = only_if_wanted(tracing::info_span!(
         telemetry::ACQUIRE_SPAN,
         { telemetry::KEY } = %key,
         { telemetry::LOCK_ID } = lock_id,
@@ -29,7 +29,7 @@ pub(crate) fn acquire_span(
         { telemetry::OUTCOME } = Empty,
         { telemetry::WAITED_MS } = Empty,
         otel.status_code = Empty,
-    );
+    ));
     if let Some(timeout) = timeout {
         span.record(telemetry::TIMEOUT_MS, duration_ms(timeout));
     }
@@ -46,7 +46,7 @@ pub(crate) fn try_acquire_span(
     if !enabled {
         return Span::none();
     }
-    tracing::info_span!(
+    only_if_wanted(tracing::info_span!(
         telemetry::TRY_ACQUIRE_SPAN,
         { telemetry::KEY } = %key,
         { telemetry::LOCK_ID } = lock_id,
@@ -54,7 +54,7 @@ pub(crate) fn try_acquire_span(
         { telemetry::HOLDER_ID } = holder_id,
         { telemetry::OUTCOME } = Empty,
         otel.status_code = Empty,
-    )
+    ))
 }
 
 /// The release span; the lock id and mode are recorded once the entry is known.
@@ -67,7 +67,7 @@ pub(crate) fn release_span(
     if !enabled {
         return Span::none();
     }
-    tracing::info_span!(
+    only_if_wanted(tracing::info_span!(
         telemetry::RELEASE_SPAN,
         { telemetry::KEY } = %key,
         { telemetry::LOCK_ID } = Empty,
@@ -76,7 +76,18 @@ pub(crate) fn release_span(
         { telemetry::RELEASE_VIA } = how,
         { telemetry::OUTCOME } = Empty,
         otel.status_code = Empty,
-    )
+    ))
+}
+
+/// `span`, or no span at all when no subscriber wants it. A disabled span still costs a check
+/// (and, with `tracing`'s `log` feature, which sqlx turns on, a look at the `log` level) at
+/// every enter, exit and record of every poll; `Span::none()` costs nothing.
+fn only_if_wanted(span: Span) -> Span {
+    if span.is_disabled() {
+        Span::none()
+    } else {
+        span
+    }
 }
 
 /// Emits the `pglock.lost` span and its warning.

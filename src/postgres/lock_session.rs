@@ -1,35 +1,55 @@
-//! A lock session: one pooled connection, owned by a task, on which a manager takes and holds
-//! any number of locks.
+//! A lock session: one pooled connection on which a manager takes and holds any number of
+//! locks, and the task that owns it.
 //!
-//! Callers never touch the connection. They send a command to the task that owns it and wait
-//! for the answer. The task runs every statement to completion whether or not its caller still
-//! waits, so a dropped caller cannot leave the connection half-way through a statement (which
-//! would force it closed, and every other lock on it with it). When the caller of a granted
-//! try has gone, the task unlocks at once, before its next command.
+//! A statement on the session runs in one of two ways:
+//!
+//! * **On the idle path**, by the caller itself, when nothing is queued for the session and no
+//!   statement is in flight on it: the caller borrows the connection ([`LockSession::borrow`]),
+//!   runs its one statement and puts the connection back. No message goes through the task.
+//!   If the caller goes away before the statement's outcome is settled (dropped mid-flight,
+//!   its deadline passed, the server refused it), the guard it borrowed with hands the task a
+//!   command to settle it before anything else runs on the session: the lock that statement
+//!   may have taken is released if, and only if, the session holds it. A statement that
+//!   broke the session hands the task the session to close.
+//! * **Through the task**, when the session is busy: the caller sends a command and waits for
+//!   the answer. The task runs every statement to completion whether or not its caller still
+//!   waits, and unlocks at once a grant nobody is left to receive. Commands queued together
+//!   run as one statement (`batch.rs`).
+//!
+//! Either way a dropped caller never leaves the connection half-way through a statement for
+//! anyone else, never disturbs the other locks on the session, and never leaves a lock behind.
 //!
 //! The task also keeps the session heard: when no statement has been answered for the
 //! heartbeat interval, it sends the cheapest exchange the protocol has. That keeps the server's
 //! silence timeout from ending a healthy session, and is how the manager learns that a session,
 //! and so every lock on it, is gone: the exchange fails or goes unanswered. A contended lock,
-//! waited for on a session of its own, is held through such a task too, once granted
+//! waited for on a session of its own, is held through such a session too, once granted
 //! ([`LockSession::adopt`]).
+//!
+//! | file | what it holds |
+//! | --- | --- |
+//! | `lock_session.rs` | the handle, the idle path, leases |
+//! | `link.rs` | the connection and the statements run on it, by either path |
+//! | `task.rs` | the task: commands, settling, heartbeats, retirement |
+//! | `batch.rs` | queued tries and unlocks run as one statement |
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use sqlx::AssertSqlSafe;
-use std::pin::Pin;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::time::{Instant, timeout_at};
 
-use tokio::time::{Instant, Sleep, timeout_at};
-
-use super::errors::{breaks_connection, has_sqlstate};
-use super::statements::{Statements, target_args};
+use super::statements::Statements;
 use super::wait_session::PgSession;
 use crate::core::Liveness;
 
 mod batch;
+mod link;
+mod task;
+
+use self::link::{Link, Watchdog};
+use self::task::Task;
 use crate::{LockMode, LockTarget, LossCause};
 
 /// Why a command did not complete.
@@ -100,12 +120,17 @@ enum Command {
         target: LockTarget,
         reply: oneshot::Sender<Result<Option<i64>, SessionError>>,
     },
+    /// A statement on `target` run on the idle path was left unsettled: make sure the session
+    /// does not hold `target` before anything else runs.
+    Settle { target: LockTarget, mode: LockMode },
+    /// A statement on the idle path broke the session: close it.
+    Close,
 }
 
 /// State shared by a session's handles and its task.
-#[derive(Default)]
 struct Shared {
-    /// Commands sent and not yet finished; the least busy session gets the next try.
+    /// Commands sent and not yet finished; the least busy session gets the next try, and the
+    /// idle path is open only while this is zero.
     queued: AtomicUsize,
     /// Locks granted and not yet unlocked.
     held: AtomicUsize,
@@ -113,6 +138,39 @@ struct Shared {
     unavailable: AtomicBool,
     /// Why the session ended, once it has: its locks went with it.
     ended: std::sync::OnceLock<LossCause>,
+    /// The connection, while nobody runs a statement on it.
+    spot: Mutex<Option<Link>>,
+    /// Notified whenever a caller puts the connection back.
+    returned: Notify,
+    context: Arc<SessionContext>,
+    /// When the session was last heard; shared with the guards of its locks.
+    liveness: Arc<Liveness>,
+    /// When the latest statement other than a heartbeat was sent: how long the session has
+    /// been idle (the clock is only read here, never its silence).
+    last_used: Liveness,
+}
+
+impl Shared {
+    /// The parked connection, if it is parked.
+    fn take_parked(&self) -> Option<Link> {
+        crate::sync::lock(&self.spot).take()
+    }
+
+    /// Puts the connection back where the task and the callers find it; closes it instead
+    /// when the session has ended meanwhile (it may still hold a lock, and nobody will use it
+    /// again).
+    fn park(&self, mut link: Link) {
+        let mut spot = crate::sync::lock(&self.spot);
+        if self.ended.get().is_some() {
+            drop(spot);
+            link.conn.mark_dirty();
+            drop(link);
+        } else {
+            *spot = Some(link);
+            drop(spot);
+        }
+        self.returned.notify_one();
+    }
 }
 
 /// A handle on a lock session.
@@ -149,12 +207,7 @@ impl LockSession {
     ) -> Lease {
         let session = Self::spawn(id, conn, context, events, 1);
         session.shared.unavailable.store(true, Ordering::SeqCst);
-        Lease {
-            session,
-            target,
-            mode,
-            armed: true,
-        }
+        Lease::new(session, target, mode)
     }
 
     fn spawn(
@@ -165,28 +218,33 @@ impl LockSession {
         held: usize,
     ) -> Arc<LockSession> {
         let (commands, inbox) = mpsc::unbounded_channel();
-        let shared = Arc::new(Shared {
-            held: AtomicUsize::new(held),
-            ..Shared::default()
-        });
         let pid = conn.pid;
         let silence = context.silence;
         let liveness = Arc::new(Liveness::new(conn.heard, silence.unwrap_or(Duration::MAX)));
         // Guards expire with the session only where losses are reported at all.
         let shared_liveness =
             (silence.is_some() && context.report_loss).then(|| Arc::clone(&liveness));
+        let shared = Arc::new(Shared {
+            queued: AtomicUsize::new(0),
+            held: AtomicUsize::new(held),
+            unavailable: AtomicBool::new(false),
+            ended: std::sync::OnceLock::new(),
+            spot: Mutex::new(Some(Link::new(conn, &context.statements))),
+            returned: Notify::new(),
+            context,
+            liveness,
+            last_used: Liveness::new(Instant::now(), Duration::MAX),
+        });
         Arc::new_cyclic(|me: &Weak<LockSession>| {
             let task = Task {
                 id,
-                conn,
-                watchdog: Watchdog::new(),
+                link: None,
+                timer: Watchdog::new(),
                 last_active: Instant::now(),
-                liveness: Arc::clone(&liveness),
                 inbox,
                 pending: None,
                 me: me.clone(),
                 shared: Arc::clone(&shared),
-                context,
                 events,
             };
             drop(tokio::spawn(task.run()));
@@ -222,17 +280,37 @@ impl LockSession {
         })
     }
 
+    /// The connection, for one statement on the idle path: only while nothing is queued for
+    /// the task (so nothing is overtaken) and no statement is in flight; for a new lock, only
+    /// while the session is handed out (its task is then sure to keep it heard).
+    fn borrow(&self, new_lock: bool) -> Option<Borrowed<'_>> {
+        let mut spot = crate::sync::lock(&self.shared.spot);
+        if self.shared.queued.load(Ordering::SeqCst) != 0 || (new_lock && !self.is_available()) {
+            return None;
+        }
+        let link = spot.take()?;
+        Some(Borrowed {
+            session: self,
+            link: Some(link),
+            unsettled: None,
+        })
+    }
+
     /// One try for the lock. With a deadline, stops waiting for the answer when it passes; a
-    /// grant that arrives later is undone by the session's task.
+    /// grant that arrives later is undone.
     ///
-    /// Cancel safe: the try runs to completion on the session's task, which unlocks a grant
-    /// nobody is left to receive.
+    /// Cancel safe: on the idle path, a try dropped before its outcome is settled is settled by
+    /// the session's task before anything else runs on the session; through the task, the try
+    /// runs to completion there and a grant nobody is left to receive is unlocked.
     pub(crate) async fn try_lock(
-        &self,
+        self: &Arc<Self>,
         target: LockTarget,
         mode: LockMode,
         deadline: Option<Instant>,
     ) -> TryAnswer {
+        if let Some(borrowed) = self.borrow(true) {
+            return self.try_now(borrowed, target, mode, deadline).await;
+        }
         let (reply, answer) = oneshot::channel();
         self.send(Command::Try {
             target,
@@ -247,6 +325,96 @@ impl LockSession {
         };
         answer.unwrap_or(Err(SessionError::Closed(None)))
     }
+
+    /// The idle path of [`try_lock`](Self::try_lock).
+    async fn try_now(
+        self: &Arc<Self>,
+        mut borrowed: Borrowed<'_>,
+        target: LockTarget,
+        mode: LockMode,
+        deadline: Option<Instant>,
+    ) -> TryAnswer {
+        // Until the answer is in, a grant may be on its way: settled by the task if this
+        // future is dropped, or the deadline passes.
+        borrowed.unsettled = Some(Command::Settle { target, mode });
+        let statement = borrowed.link().try_lock(&self.shared, target, mode);
+        let answer = match deadline {
+            Some(deadline) => timeout_at(deadline, statement)
+                .await
+                .map_err(|_| SessionError::Deadline)?,
+            None => statement.await,
+        };
+        match answer {
+            Ok((Some(true), token)) => {
+                borrowed.unsettled = None;
+                self.shared.held.fetch_add(1, Ordering::SeqCst);
+                Ok(Some((Lease::new(Arc::clone(self), target, mode), token)))
+            }
+            Ok((Some(false), _)) => {
+                borrowed.unsettled = None;
+                Ok(None)
+            }
+            // The statement ran on another server session than the one set up: a
+            // transaction pooler is in the way, and the session is of no use.
+            Ok((None, _)) => {
+                self.shared.unavailable.store(true, Ordering::SeqCst);
+                borrowed.unsettled = Some(Command::Close);
+                Err(SessionError::Pooled)
+            }
+            // Refused (a fenced try whose mint failed may hold the lock all the same): made
+            // sure it is not held before the caller hears of it.
+            Err(err @ SessionError::Database(_)) => {
+                borrowed.reconcile(target, mode).await;
+                Err(err)
+            }
+            Err(err) => {
+                borrowed.unsettled = Some(Command::Close);
+                Err(err)
+            }
+        }
+    }
+}
+
+/// The connection of a session, borrowed for one statement on the idle path. Dropping it puts
+/// the connection back and, when the statement's outcome was not settled, first hands the task
+/// the command that settles it: queued before the connection is back, so nothing else runs on
+/// the session before it.
+struct Borrowed<'a> {
+    session: &'a LockSession,
+    link: Option<Link>,
+    /// What the task must do if the borrower stops here.
+    unsettled: Option<Command>,
+}
+
+impl Borrowed<'_> {
+    fn link(&mut self) -> &mut Link {
+        self.link
+            .as_mut()
+            .expect("a borrowed connection is put back on drop")
+    }
+
+    /// Releases `target` if, and only if, the session holds it, as the task would; the
+    /// session is closed when that fails. If this is dropped first, the task does it.
+    async fn reconcile(&mut self, target: LockTarget, mode: LockMode) {
+        let shared = &self.session.shared;
+        let done = self.link().reconcile(shared, target, mode).await;
+        self.unsettled = match done {
+            Ok(()) => None,
+            Err(_) => Some(Command::Close),
+        };
+    }
+}
+
+impl Drop for Borrowed<'_> {
+    fn drop(&mut self) {
+        if let Some(command) = self.unsettled.take() {
+            // A session whose task has ended has closed its connection too (see `park`).
+            let _ = self.session.send(command);
+        }
+        if let Some(link) = self.link.take() {
+            self.session.shared.park(link);
+        }
+    }
 }
 
 /// A lock granted on a lock session. Dropping it unlocks in the background.
@@ -258,6 +426,20 @@ pub(crate) struct Lease {
 }
 
 impl Lease {
+    fn new(session: Arc<LockSession>, target: LockTarget, mode: LockMode) -> Self {
+        Lease {
+            session,
+            target,
+            mode,
+            armed: true,
+        }
+    }
+
+    /// Forgets the lock without unlocking it (someone else takes care of it).
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+
     /// How long the lock can be trusted without hearing from its session again.
     pub(crate) fn liveness(&self) -> Option<Arc<Liveness>> {
         self.session.liveness.clone()
@@ -271,13 +453,31 @@ impl Lease {
     /// Unlocks and reports what the server said: `Ok(false)` when the session no longer held
     /// the lock.
     ///
-    /// Cancel safe: the unlock runs to completion on the session's task either way.
+    /// Cancel safe: on the idle path, an unlock dropped before its outcome is settled is
+    /// completed by the session's task (which releases the lock if the session still holds
+    /// it); through the task, it runs to completion there.
     pub(crate) async fn unlock(mut self) -> Result<bool, SessionError> {
         self.armed = false;
+        let (target, mode) = (self.target, self.mode);
+        let session = &self.session;
+        if let Some(mut borrowed) = session.borrow(false) {
+            // Whatever comes of it, this session no longer holds the lock for us.
+            session.shared.held.fetch_sub(1, Ordering::SeqCst);
+            borrowed.unsettled = Some(Command::Settle { target, mode });
+            let result = borrowed.link().unlock(&session.shared, target, mode).await;
+            match &result {
+                Ok(_) => borrowed.unsettled = None,
+                // Refused (a cancelled statement, a statement timeout): the lock may still be
+                // held. Released for sure, or the session is closed, which frees it.
+                Err(SessionError::Database(_)) => borrowed.reconcile(target, mode).await,
+                Err(_) => borrowed.unsettled = Some(Command::Close),
+            }
+            return result;
+        }
         let (reply, answer) = oneshot::channel();
-        self.session.send(Command::Unlock {
-            target: self.target,
-            mode: self.mode,
+        session.send(Command::Unlock {
+            target,
+            mode,
             reply: Some(reply),
         })?;
         answer.await.unwrap_or(Err(SessionError::Closed(None)))
@@ -318,418 +518,5 @@ impl std::fmt::Debug for Lease {
             .field("target", &self.target)
             .field("mode", &self.mode)
             .finish()
-    }
-}
-
-/// The task that owns a lock session's connection.
-struct Task {
-    id: u64,
-    conn: PgSession,
-    watchdog: Watchdog,
-    /// When the last command finished.
-    last_active: Instant,
-    /// When the session was last heard, shared with the guards of its locks.
-    liveness: Arc<Liveness>,
-    inbox: mpsc::UnboundedReceiver<Command>,
-    me: Weak<LockSession>,
-    shared: Arc<Shared>,
-    context: Arc<SessionContext>,
-    events: Weak<dyn SessionEvents>,
-    /// A command taken from the inbox while gathering a batch it did not belong to: the next
-    /// to run.
-    pending: Option<Command>,
-}
-
-/// The connection can no longer be used; the task ends and closes it.
-struct Broken;
-
-impl Drop for Task {
-    fn drop(&mut self) {
-        // However the task ends (its last handle gone, or its runtime shutting down), a
-        // connection that may still hold a lock is closed, never pooled, and the holders of
-        // those locks are told (a task that ended through `close` has told them already).
-        if self.shared.held.load(Ordering::SeqCst) != 0 {
-            self.conn.mark_dirty();
-            if self.shared.ended.set(LossCause::SessionClosed).is_ok() {
-                self.shared.unavailable.store(true, Ordering::SeqCst);
-                if let Some(events) = self.events.upgrade() {
-                    events.closed(self.id);
-                }
-            }
-        }
-    }
-}
-
-impl Task {
-    async fn run(mut self) {
-        loop {
-            let command = match self.next().await {
-                Ok(Some(command)) => command,
-                // Every handle is gone, so every lease was unlocked: the connection goes back
-                // to the pool as the task ends (see `Drop`).
-                Ok(None) => return,
-                Err(cause) => return self.close(cause),
-            };
-            let (outcome, ran) = self.execute_queued(command).await;
-            self.last_active = Instant::now();
-            self.shared.queued.fetch_sub(ran, Ordering::SeqCst);
-            if outcome.is_err() {
-                // A statement left unanswered past the session's silence bound: the server may
-                // have ended the session for it.
-                let cause = if self.liveness.expired() {
-                    LossCause::Expired
-                } else {
-                    LossCause::SessionClosed
-                };
-                return self.close(cause);
-            }
-        }
-    }
-
-    /// The next command. Meanwhile, pings the session whenever it has gone unheard for the
-    /// heartbeat interval, and retires it once it has held nothing for the idle timeout. Fails
-    /// with the cause of the loss of its locks once the session is gone, or may be.
-    async fn next(&mut self) -> Result<Option<Command>, LossCause> {
-        loop {
-            if self.liveness.expired() {
-                // Unheard for longer than the server allows (the process was frozen, or
-                // starved): the session may be gone, and its locks with it.
-                return Err(LossCause::Expired);
-            }
-            if let Some(command) = self.pending.take() {
-                return Ok(Some(command));
-            }
-            let held = self.shared.held.load(Ordering::SeqCst);
-            let unavailable = self.shared.unavailable.load(Ordering::SeqCst);
-            let idle_until =
-                (held == 0 && !unavailable).then(|| self.last_active + self.context.idle_timeout);
-            // A session is kept heard while it holds locks, and while it is offered for new
-            // ones when the server would end it for its silence.
-            let keep_heard = held > 0 || (!unavailable && self.context.silence.is_some());
-            let ping_at = (self.context.heartbeat)
-                .filter(|_| keep_heard)
-                .map(|heartbeat| self.liveness.last_heard() + heartbeat.every);
-            let Some(wake_at) = [idle_until, ping_at].into_iter().flatten().min() else {
-                return Ok(self.inbox.recv().await);
-            };
-            tokio::select! {
-                command = self.inbox.recv() => return Ok(command),
-                () = self.watchdog.until(wake_at) => {}
-            }
-            if idle_until.is_some_and(|at| Instant::now() >= at) {
-                self.retire();
-            } else if ping_at.is_some_and(|at| Instant::now() >= at) {
-                self.ping().await?;
-            }
-        }
-    }
-
-    fn retire(&mut self) {
-        if self.shared.held.load(Ordering::SeqCst) == 0 && self.inbox.is_empty() {
-            // Handles taken before this still work; the task ends with the last.
-            self.shared.unavailable.store(true, Ordering::SeqCst);
-            if let Some(events) = self.events.upgrade() {
-                events.retired(self.id);
-            }
-        }
-    }
-
-    /// One heartbeat: the server's answer confirms the session and every lock on it.
-    async fn ping(&mut self) -> Result<(), LossCause> {
-        let Some(heartbeat) = self.context.heartbeat else {
-            return Ok(());
-        };
-        if self.liveness.expired() {
-            // Woken after a freeze: the silence is what ended the session, whatever a ping
-            // would find now.
-            return Err(LossCause::Expired);
-        }
-        let due = Instant::now() + heartbeat.answer_within;
-        let answer = tokio::select! {
-            biased;
-            answer = self.conn.ping() => Some(answer),
-            () = self.watchdog.until(due) => None,
-        };
-        match answer {
-            Some(Ok(())) => {
-                self.liveness.heard(self.conn.heard);
-                Ok(())
-            }
-            // The server ended the session (terminated, restarted, timed out) or the network
-            // did: its locks are free on the server.
-            Some(Err(err)) => {
-                tracing::debug!(pid = self.conn.pid, error = %err, "lock session heartbeat failed");
-                Err(LossCause::NotOnServer)
-            }
-            // No answer: the locks may be given to someone else meanwhile.
-            None => Err(LossCause::Unverifiable),
-        }
-    }
-
-    /// When a statement sent now must have been answered: the statement timeout, or sooner
-    /// the moment the server may end the session for its silence (a statement lost on a dead
-    /// network leaves the session silent), after which its locks cannot be counted on.
-    fn statement_due(&self) -> Instant {
-        let due = Instant::now() + self.context.statement_timeout;
-        self.liveness
-            .expires_at()
-            .map_or(due, |expiry| due.min(expiry))
-    }
-
-    fn heard(&mut self, sent: Instant) {
-        self.conn.heard = sent;
-        self.liveness.heard(sent);
-    }
-
-    fn close(mut self, cause: LossCause) {
-        self.shared.unavailable.store(true, Ordering::SeqCst);
-        // Recorded before anyone is told, so the locks registered from now on see it.
-        let _ = self.shared.ended.set(cause);
-        self.conn.mark_dirty();
-        // Commands still queued are answered "closed" as their senders see the channel drop.
-        self.inbox.close();
-        if let Some(events) = self.events.upgrade() {
-            events.closed(self.id);
-        }
-    }
-
-    async fn execute(&mut self, command: Command) -> Result<(), Broken> {
-        match command {
-            Command::Try {
-                target,
-                mode,
-                reply,
-            } => self.try_lock(target, mode, reply).await,
-            Command::Unlock {
-                target,
-                mode,
-                reply,
-            } => {
-                let result = self.unlock(target, mode).await;
-                let broken = match &result {
-                    Err(
-                        SessionError::Closed(_)
-                        | SessionError::Unanswered(_)
-                        | SessionError::Pooled,
-                    ) => true,
-                    // The server refused the unlock (a cancelled statement, a statement
-                    // timeout): the lock may still be held. Released for sure, or the session
-                    // is closed, which frees it.
-                    Err(SessionError::Database(_)) => self.reconcile(target, mode).await.is_err(),
-                    _ => false,
-                };
-                if let Some(reply) = reply {
-                    let _ = reply.send(result);
-                }
-                if broken { Err(Broken) } else { Ok(()) }
-            }
-            Command::Mint { target, reply } => {
-                let result = self.mint(target).await;
-                let broken = matches!(
-                    result,
-                    Err(SessionError::Closed(_) | SessionError::Unanswered(_))
-                );
-                let _ = reply.send(result);
-                if broken { Err(Broken) } else { Ok(()) }
-            }
-        }
-    }
-
-    async fn try_lock(
-        &mut self,
-        target: LockTarget,
-        mode: LockMode,
-        reply: oneshot::Sender<TryAnswer>,
-    ) -> Result<(), Broken> {
-        let statement = self.context.statements.try_lock(mode, target);
-        let args = target_args(target, self.conn.pid);
-        let query = sqlx::query_as_with::<_, (Option<bool>, Option<i64>), _>(
-            AssertSqlSafe(statement),
-            args,
-        );
-        let sent = Instant::now();
-        let due = self.statement_due();
-        let answer = bounded(&mut self.watchdog, due, query.fetch_one(self.conn.conn())).await;
-        let (granted, token) = match self.settle(sent, answer) {
-            Ok(row) => row,
-            Err(SessionError::Database(err)) => {
-                // A fenced try can fail after its lock was granted (the mint failed), and a
-                // session lock survives the failed statement: make sure it is not held.
-                self.reconcile(target, mode).await?;
-                let _ = reply.send(Err(SessionError::Database(err)));
-                return Ok(());
-            }
-            Err(err) => {
-                let _ = reply.send(Err(err));
-                return Err(Broken);
-            }
-        };
-        let Some(granted) = granted else {
-            let _ = reply.send(Err(SessionError::Pooled));
-            return Err(Broken);
-        };
-        if !granted {
-            let _ = reply.send(Ok(None));
-            return Ok(());
-        }
-        if self.deliver(target, mode, token, reply) {
-            Ok(())
-        } else {
-            self.undo(target, mode).await
-        }
-    }
-
-    /// Hands a granted lock to its caller; false when nobody is left to receive it, and the
-    /// lock must be taken back before anything else runs here.
-    fn deliver(
-        &mut self,
-        target: LockTarget,
-        mode: LockMode,
-        token: Option<i64>,
-        reply: oneshot::Sender<TryAnswer>,
-    ) -> bool {
-        self.shared.held.fetch_add(1, Ordering::SeqCst);
-        let Some(session) = self.me.upgrade() else {
-            // No handle left, so no caller is waiting.
-            return false;
-        };
-        let lease = Lease {
-            session,
-            target,
-            mode,
-            armed: true,
-        };
-        match reply.send(Ok(Some((lease, token)))) {
-            Ok(()) => true,
-            Err(unsent) => {
-                if let Ok(Some((mut lease, _))) = unsent {
-                    lease.armed = false;
-                }
-                false
-            }
-        }
-    }
-
-    async fn undo(&mut self, target: LockTarget, mode: LockMode) -> Result<(), Broken> {
-        match self.unlock(target, mode).await {
-            Ok(_) => Ok(()),
-            // Refused: make sure it is not held, or close the session, which frees it.
-            Err(SessionError::Database(_)) => self.reconcile(target, mode).await,
-            Err(_) => Err(Broken),
-        }
-    }
-
-    async fn unlock(&mut self, target: LockTarget, mode: LockMode) -> Result<bool, SessionError> {
-        let args = target_args(target, self.conn.pid);
-        let query =
-            sqlx::query_scalar_with::<_, Option<bool>, _>(Statements::unlock(mode, target), args);
-        let sent = Instant::now();
-        let due = self.statement_due();
-        let answer = bounded(&mut self.watchdog, due, query.fetch_one(self.conn.conn())).await;
-        // Whatever the server says, this session no longer holds the lock for us: either it
-        // unlocked, or it did not hold it, or the session is about to close.
-        self.shared.held.fetch_sub(1, Ordering::SeqCst);
-        self.settle(sent, answer)?.ok_or(SessionError::Pooled)
-    }
-
-    async fn mint(&mut self, target: LockTarget) -> Result<Option<i64>, SessionError> {
-        let Some(statement) = self.context.statements.mint() else {
-            return Ok(None);
-        };
-        let query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(statement)).bind(target.packed());
-        let sent = Instant::now();
-        let due = self.statement_due();
-        let answer = bounded(&mut self.watchdog, due, query.fetch_one(self.conn.conn())).await;
-        self.settle(sent, answer).map(Some)
-    }
-
-    /// Releases `target` in `mode` if, and only if, this session holds it.
-    async fn reconcile(&mut self, target: LockTarget, mode: LockMode) -> Result<(), Broken> {
-        let sql = Statements::unlock_if_held(target, mode);
-        let query = sqlx::query(AssertSqlSafe(sql));
-        let sent = Instant::now();
-        let due = self.statement_due();
-        let answer = bounded(&mut self.watchdog, due, query.fetch_all(self.conn.conn())).await;
-        self.settle(sent, answer).map(|_| ()).map_err(|_| Broken)
-    }
-
-    /// Turns a statement's answer into a result, keeping the session only when the statement
-    /// completed or the server refused it.
-    /// `sent`: when the statement was sent; an answer means the server heard the session then.
-    fn settle<T>(
-        &mut self,
-        sent: Instant,
-        answer: Option<Result<T, sqlx::Error>>,
-    ) -> Result<T, SessionError> {
-        match answer {
-            Some(Ok(value)) => {
-                self.conn.mark_clean();
-                self.heard(sent);
-                Ok(value)
-            }
-            // The session's own prepared statements are missing (26000), or another client's
-            // are on it (42P05): the statements run on server sessions of a transaction pooler.
-            Some(Err(err)) if has_sqlstate(&err, "26000") || has_sqlstate(&err, "42P05") => {
-                self.shared.unavailable.store(true, Ordering::SeqCst);
-                Err(SessionError::Pooled)
-            }
-            Some(Err(err)) if !breaks_connection(&err) => {
-                self.conn.mark_clean();
-                self.heard(sent);
-                Err(SessionError::Database(err))
-            }
-            // The session is done for: stop handing it out before anyone hears of it, so a
-            // caller that retries is given another.
-            Some(Err(err)) => {
-                self.shared.unavailable.store(true, Ordering::SeqCst);
-                Err(SessionError::Closed(Some(err)))
-            }
-            None => {
-                self.shared.unavailable.store(true, Ordering::SeqCst);
-                Err(SessionError::Unanswered(self.context.statement_timeout))
-            }
-        }
-    }
-}
-
-/// Runs `statement`, or gives up on it (`None`) once `due` has passed without an answer.
-async fn bounded<T>(
-    watchdog: &mut Watchdog,
-    due: Instant,
-    statement: impl std::future::Future<Output = T>,
-) -> Option<T> {
-    tokio::select! {
-        biased;
-        answer = statement => Some(answer),
-        () = watchdog.until(due) => None,
-    }
-}
-
-/// One timer for a task's time limits (a statement's answer, an idle session's retirement).
-/// It is re-armed only when it fires early or must fire sooner, not for every statement:
-/// arming a timer per statement costs more than the statement's own client-side work.
-struct Watchdog {
-    sleep: Pin<Box<Sleep>>,
-}
-
-impl Watchdog {
-    fn new() -> Self {
-        Watchdog {
-            sleep: Box::pin(tokio::time::sleep(Duration::from_secs(3600))),
-        }
-    }
-
-    /// Completes once `due` has passed.
-    async fn until(&mut self, due: Instant) {
-        if self.sleep.deadline() > due {
-            self.sleep.as_mut().reset(due);
-        }
-        loop {
-            self.sleep.as_mut().await;
-            if Instant::now() >= due {
-                return;
-            }
-            self.sleep.as_mut().reset(due);
-        }
     }
 }

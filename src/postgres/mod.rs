@@ -6,7 +6,7 @@
 //! | `builder.rs` | [`PostgresLockManagerBuilder`] |
 //! | `backend.rs` | the backend the shared engine drives: try on a lock session, else wait |
 //! | `sessions.rs` | a manager's set of lock sessions: open, pick, retire |
-//! | `lock_session.rs` | one lock session and the task that owns its connection |
+//! | `lock_session.rs` (+ `link.rs`, `task.rs`, `batch.rs`) | one lock session: its connection, lent to callers while idle, and the task that owns it |
 //! | `wait.rs`, `wait_session.rs` | contended waits on sessions of their own, and reuse of those |
 //! | `monitor.rs` | turning a session's end into the loss of exactly its locks |
 //! | `statements.rs`, `fencing.rs`, `errors.rs` | SQL, fencing tokens, error classification |
@@ -150,10 +150,11 @@ use crate::core::{Core, delegate_lock_manager};
 ///
 /// # Cancel safety
 ///
-/// Every async method is cancel safe at every await point. Statements on a lock session are
-/// run to completion by the task that owns it, whether or not their caller still waits: a
-/// dropped try leaves no lock behind (the task unlocks a grant nobody received) and never
-/// disturbs the other locks on the session. A dropped wait closes its own session, and on
+/// Every async method is cancel safe at every await point. A statement on a lock session is
+/// either run to completion by the task that owns the session, whether or not its caller still
+/// waits, or (on an idle session, where the caller runs it itself) settled by that task before
+/// anything else runs on the session: a dropped try leaves no lock behind (a grant nobody
+/// received is released) and never disturbs the other locks on the session. A dropped wait closes its own session, and on
 /// PostgreSQL 14 and later the server abandons the wait within 200 ms. A dropped `release` or
 /// `release_all` still completes the release.
 ///

@@ -115,19 +115,21 @@ impl LockSessions {
         // Only openings started after this call count: an older one may have failed for a
         // reason that no longer holds.
         let mut attempts_before = None;
+        // The usual case first: a session is open. No waiting is set up for it.
+        {
+            let mut state = self.inner.state();
+            if let Some(best) = self.inner.pick(&mut state) {
+                return Ok(best);
+            }
+        }
         loop {
             let changed = self.inner.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
             {
                 let mut state = self.inner.state();
-                state.live.retain(|session| session.is_available());
                 let seen = *attempts_before.get_or_insert(state.attempts);
-                if let Some(best) = state.least_busy() {
-                    let crowded = best.queued() > 0 || best.held() >= SPREAD_AT;
-                    if crowded && state.live.len() + state.opening < self.inner.config.max {
-                        self.inner.open_in_background(&mut state);
-                    }
+                if let Some(best) = self.inner.pick(&mut state) {
                     return Ok(best);
                 }
                 if let Some((n, failure)) = state.failure.as_ref().filter(|(n, _)| *n > seen) {
@@ -199,6 +201,18 @@ impl State {
 impl Inner {
     fn state(&self) -> MutexGuard<'_, State> {
         crate::sync::lock(&self.state)
+    }
+
+    /// The least busy open session, if one is open; opens another in the background when it
+    /// is crowded and the cap allows.
+    fn pick(self: &Arc<Self>, state: &mut State) -> Option<Arc<LockSession>> {
+        state.live.retain(|session| session.is_available());
+        let best = state.least_busy()?;
+        let crowded = best.queued() > 0 || best.held() >= SPREAD_AT;
+        if crowded && state.live.len() + state.opening < self.config.max {
+            self.open_in_background(state);
+        }
+        Some(best)
     }
 
     fn open_in_background(self: &Arc<Self>, state: &mut State) {

@@ -107,7 +107,7 @@ fn slot(mode: LockMode, target: LockTarget) -> usize {
 }
 
 /// The arguments of a lock function for a target bound as `$1` (and `$2` for a pair), the
-/// fencing row it mints in, and the parameter that carries the session's backend pid.
+/// fencing row it mints in, and where the session's backend pid goes.
 ///
 /// Every statement on a session the manager set up runs its lock function only on the backend
 /// it expects (`CASE WHEN pg_backend_pid() = <pid>`): behind a transaction-pooling proxy a
@@ -118,10 +118,38 @@ fn bound_args(pair: bool) -> (&'static str, &'static str, &'static str) {
         (
             "$1, $2",
             "(($1::int8 << 32) | ($2::int8 & 4294967295))",
-            "$3",
+            PID,
         )
     } else {
-        ("$1", "$1", "$2")
+        ("$1", "$1", PID)
+    }
+}
+
+/// Where a session's backend pid goes in a statement's text; [`Statements::for_session`]
+/// writes the pid in, so statements bind only the lock's own arguments.
+const PID: &str = "{backend_pid}";
+
+/// Unlocks, indexed as the tries: on the expected backend only (NULL elsewhere).
+const UNLOCKS: [&str; 4] = [
+    "SELECT CASE WHEN pg_backend_pid() = {backend_pid} THEN pg_advisory_unlock($1) END",
+    "SELECT CASE WHEN pg_backend_pid() = {backend_pid} THEN pg_advisory_unlock($1, $2) END",
+    "SELECT CASE WHEN pg_backend_pid() = {backend_pid} THEN pg_advisory_unlock_shared($1) END",
+    "SELECT CASE WHEN pg_backend_pid() = {backend_pid} THEN pg_advisory_unlock_shared($1, $2) END",
+];
+
+/// The try and unlock statements of one lock session, with its backend pid written in.
+pub(crate) struct SessionStatements {
+    tries: [Arc<str>; 4],
+    unlocks: [Arc<str>; 4],
+}
+
+impl SessionStatements {
+    pub(crate) fn try_lock(&self, mode: LockMode, target: LockTarget) -> Arc<str> {
+        Arc::clone(&self.tries[slot(mode, target)])
+    }
+
+    pub(crate) fn unlock(&self, mode: LockMode, target: LockTarget) -> Arc<str> {
+        Arc::clone(&self.unlocks[slot(mode, target)])
     }
 }
 
@@ -158,30 +186,17 @@ impl Statements {
         }
     }
 
-    pub(crate) fn try_lock(&self, mode: LockMode, target: LockTarget) -> Arc<str> {
-        Arc::clone(&self.tries[slot(mode, target)])
+    /// The try and unlock statements of the session whose backend is `pid`.
+    pub(crate) fn for_session(&self, pid: i32) -> SessionStatements {
+        let pid = pid.to_string();
+        SessionStatements {
+            tries: self.tries.each_ref().map(|t| t.replace(PID, &pid).into()),
+            unlocks: UNLOCKS.map(|u| u.replace(PID, &pid).into()),
+        }
     }
 
     pub(crate) fn mint(&self) -> Option<Arc<str>> {
         self.mint.clone()
-    }
-
-    /// Unlocks a target bound as for a try, on the expected backend only (NULL elsewhere).
-    pub(crate) fn unlock(mode: LockMode, target: LockTarget) -> &'static str {
-        match (mode, target) {
-            (LockMode::Exclusive, LockTarget::BigInt(_)) => {
-                "SELECT CASE WHEN pg_backend_pid() = $2 THEN pg_advisory_unlock($1) END"
-            }
-            (LockMode::Exclusive, LockTarget::IntPair(..)) => {
-                "SELECT CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock($1, $2) END"
-            }
-            (LockMode::Shared, LockTarget::BigInt(_)) => {
-                "SELECT CASE WHEN pg_backend_pid() = $2 THEN pg_advisory_unlock_shared($1) END"
-            }
-            (LockMode::Shared, LockTarget::IntPair(..)) => {
-                "SELECT CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock_shared($1, $2) END"
-            }
-        }
     }
 
     /// Unlocks `target` in `mode` only if this session holds it (integers only, no user text).
@@ -248,18 +263,17 @@ impl Statements {
     }
 }
 
-/// The parameters of a try or an unlock: the target (`$1`, or `$1, $2` for a pair), then the
-/// backend pid the statement must run on.
-pub(crate) fn target_args(target: LockTarget, pid: i32) -> PgArguments {
+/// The parameters of a try or an unlock: the target (`$1`, or `$1, $2` for a pair).
+pub(crate) fn target_args(target: LockTarget) -> PgArguments {
     use sqlx::Arguments as _;
     let mut args = PgArguments::default();
+    // Sized up front: growing the buffers costs more than the encoding.
+    args.reserve(2, 16);
     let bound = match target {
         LockTarget::BigInt(id) => args.add(id),
         LockTarget::IntPair(a, b) => args.add(a).and_then(|()| args.add(b)),
     };
-    bound
-        .and_then(|()| args.add(pid))
-        .expect("integers always encode");
+    bound.expect("integers always encode");
     args
 }
 

@@ -11,9 +11,8 @@
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
-use tokio::time::Instant;
-
-use super::{Broken, Command, SessionError, Task, bounded};
+use super::task::{Broken, Task};
+use super::{Command, SessionError};
 use crate::{LockMode, LockTarget};
 
 /// The most commands one statement runs.
@@ -57,7 +56,7 @@ impl Task {
     /// Runs `command`, with the commands of its kind queued behind it when there are some.
     /// Returns the outcome and how many commands ran.
     pub(super) async fn execute_queued(&mut self, command: Command) -> (Result<(), Broken>, usize) {
-        let fenced = self.context.statements.fencing.is_some();
+        let fenced = self.shared.context.statements.fencing.is_some();
         let Some((kind, id)) = batchable(&command, fenced) else {
             return (self.execute(command).await, 1);
         };
@@ -108,14 +107,8 @@ impl Task {
             .iter()
             .map(|(_, m)| *m == LockMode::Shared)
             .collect();
-        let query = sqlx::query_scalar::<_, Option<bool>>(statement)
-            .bind(self.conn.pid)
-            .bind(ids)
-            .bind(shared);
-        let sent = Instant::now();
-        let due = self.statement_due();
-        let answer = bounded(&mut self.watchdog, due, query.fetch_all(self.conn.conn())).await;
-        let rows = self.settle(sent, answer)?;
+        let link = self.link.as_mut().expect("claimed for the batch");
+        let rows = link.run_batch(&self.shared, statement, ids, shared).await?;
         if rows.len() != targets.len() {
             return Err(SessionError::Closed(Some(sqlx::Error::Protocol(
                 "a batched lock statement returned the wrong number of rows".into(),
