@@ -732,6 +732,30 @@ async fn clones_are_one_holder_and_separate_managers_are_two() {
 }
 
 #[tokio::test]
+async fn an_idle_lock_session_retires_though_its_heartbeats_keep_it_heard() {
+    // Pings every 20 ms keep the idle session heard; they are not use, so it still goes back
+    // to the pool after the idle timeout.
+    let app = app_name("idle-heard");
+    let pool = pool_named(1, &app).await;
+    let locks = common::manager_for(pool.clone(), &app)
+        .probe_interval(Duration::from_millis(20))
+        .session_idle_timeout(Duration::from_millis(300))
+        .build();
+    let guard = locks
+        .acquire(&key("idle-heard"), None)
+        .await
+        .expect("acquire");
+    guard.release().await.expect("release");
+    assert_eq!(locks.lock_session_count(), 1);
+    let conn = tokio::time::timeout(Duration::from_secs(10), pool.acquire())
+        .await
+        .expect("the idle lock session was returned to the pool, heartbeats or not")
+        .expect("checkout");
+    drop(conn);
+    assert_eq!(locks.lock_session_count(), 0);
+}
+
+#[tokio::test]
 async fn an_idle_lock_session_goes_back_to_the_pool_clean() {
     let observer = observer().await;
     let app = app_name("idle-sessions");

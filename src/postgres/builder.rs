@@ -160,17 +160,21 @@ impl PostgresLockManagerBuilder {
         self
     }
 
-    /// How often a session that holds locks, and has not been heard from since, is pinged.
+    /// How often a session that holds locks, or is kept open for new ones, and has not been
+    /// heard from since, is pinged.
     ///
-    /// Every session holding locks is kept heard: when no statement on it has been answered
-    /// for this long, the manager sends it the cheapest exchange the protocol has (a `Sync`).
+    /// Every such session is kept heard (an open lock session too, since a caller may take a
+    /// lock on it at any moment without waiting for anything): when no statement on it has
+    /// been answered for this long, the manager sends it the cheapest exchange the protocol
+    /// has (a `Sync`).
     /// The answer confirms the session and so every lock on it, since a session's locks live
     /// exactly as long as the session; a session busy with statements is never pinged. A
     /// session whose ping fails has ended (terminated, server restarted, failed over): its
     /// locks are declared lost ([`LossCause::NotOnServer`](crate::LossCause)) within about one
-    /// interval of the end. The cost is one tiny round trip per interval per session holding
-    /// locks (by default at most two lock sessions, plus one per contended lock held), whatever
-    /// the number of locks, and no connection of its own. At most a quarter of the
+    /// interval of the end. The cost is one tiny round trip per interval per open lock session
+    /// (by default at most two, each returned to the pool after
+    /// [`session_idle_timeout`](Self::session_idle_timeout) without locks; pings are not use)
+    /// and per contended lock held, whatever the number of locks, and no connection of its own. At most a quarter of the
     /// [`silence_timeout`](Self::silence_timeout) is used. Default: 2 seconds.
     pub fn probe_interval(mut self, interval: Duration) -> Self {
         self.probe_interval = interval.max(Duration::from_millis(1));
