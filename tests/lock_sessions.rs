@@ -737,3 +737,38 @@ async fn tagged_sessions_with_pid(observer: &PgPool, pid: i32) -> i64 {
         .await
         .expect("query pg_stat_activity")
 }
+
+#[tokio::test]
+async fn a_try_left_unpolled_mid_statement_holds_up_no_other_lock() {
+    // A try polled until its statement is on its way and then never polled again (a `select!`
+    // branch left pending while another runs) must not stall the session's other locks: the
+    // statement is not run on the caller's task while the session carries another lock, so
+    // the other lock's release goes through at once, and nothing is given up.
+    let app = app_name("unpolled");
+    let locks = common::manager_for(pool_named(4, &app).await, &app)
+        .lock_sessions(1)
+        .release_timeout(Duration::from_millis(300))
+        .build();
+    let kept = locks
+        .acquire(&key("unpolled-kept"), Some(BOUND))
+        .await
+        .expect("acquire");
+    let left_key = key("unpolled-left");
+    let mut left = Box::pin(locks.try_acquire(&left_key));
+    assert!(futures::poll!(left.as_mut()).is_pending());
+    let released = tokio::time::timeout(Duration::from_secs(5), kept.release())
+        .await
+        .expect("the release was not held up");
+    released.expect("the other lock's release went through");
+    assert_eq!(
+        locks.lock_session_count(),
+        1,
+        "the session was never given up"
+    );
+    drop(left);
+    let observer = observer().await;
+    eventually("the left try's grant is undone", || async {
+        lock_rows(&observer, lock_id(&left_key)).await.is_empty()
+    })
+    .await;
+}

@@ -3,9 +3,10 @@
 //!
 //! A statement on the session runs in one of two ways:
 //!
-//! * **On the idle path**, by the caller itself, when nothing is queued for the session and no
-//!   statement is in flight on it: the caller borrows the connection ([`LockSession::borrow`]),
-//!   runs its one statement and puts the connection back. No message goes through the task.
+//! * **On the idle path**, by the caller itself, when nothing is queued for the session, no
+//!   statement is in flight on it and it carries no lock but the caller's own: the caller
+//!   borrows the connection ([`LockSession::borrow`]), runs its one statement and puts the
+//!   connection back. No message goes through the task.
 //!   If the caller goes away before the statement's outcome is settled (dropped mid-flight,
 //!   its deadline passed, the server refused it), the guard it borrowed with hands the task a
 //!   command to settle it before anything else runs on the session: the lock that statement
@@ -280,12 +281,22 @@ impl LockSession {
         })
     }
 
-    /// The connection, for one statement on the idle path: only while nothing is queued for
-    /// the task (so nothing is overtaken) and no statement is in flight; for a new lock, only
-    /// while the session is handed out (its task is then sure to keep it heard).
+    /// The connection, for one statement on the idle path, only while all of these hold:
+    ///
+    /// * nothing is queued for the task, so nothing is overtaken, and no statement is in
+    ///   flight;
+    /// * the session carries no lock but the caller's own (none for a try, the one being
+    ///   released for an unlock): a caller that stops being polled mid-statement then holds up
+    ///   no other lock's heartbeat, and a statement left unsettled is settled exactly (whatever
+    ///   the session holds of its target afterwards, that statement took);
+    /// * for a new lock, the session is handed out, so its task is sure to keep it heard.
     fn borrow(&self, new_lock: bool) -> Option<Borrowed<'_>> {
         let mut spot = crate::sync::lock(&self.shared.spot);
-        if self.shared.queued.load(Ordering::SeqCst) != 0 || (new_lock && !self.is_available()) {
+        let own = usize::from(!new_lock);
+        if self.shared.queued.load(Ordering::SeqCst) != 0
+            || self.shared.held.load(Ordering::SeqCst) != own
+            || (new_lock && !self.is_available())
+        {
             return None;
         }
         let link = spot.take()?;
@@ -362,9 +373,14 @@ impl LockSession {
                 Err(SessionError::Pooled)
             }
             // Refused (a fenced try whose mint failed may hold the lock all the same): made
-            // sure it is not held before the caller hears of it.
+            // sure it is not held before the caller hears of it, within its deadline (past it,
+            // the task does it).
             Err(err @ SessionError::Database(_)) => {
-                borrowed.reconcile(target, mode).await;
+                let reconcile = borrowed.reconcile(target, mode);
+                match deadline {
+                    Some(deadline) => drop(timeout_at(deadline, reconcile).await),
+                    None => reconcile.await,
+                }
                 Err(err)
             }
             Err(err) => {
@@ -377,8 +393,9 @@ impl LockSession {
 
 /// The connection of a session, borrowed for one statement on the idle path. Dropping it puts
 /// the connection back and, when the statement's outcome was not settled, first hands the task
-/// the command that settles it: queued before the connection is back, so nothing else runs on
-/// the session before it.
+/// the command that settles it: queued before the connection is back, so no other caller can
+/// borrow the connection before the task has run it (commands sent meanwhile run before it;
+/// none can concern this lock's key, whose turn its caller still had).
 struct Borrowed<'a> {
     session: &'a LockSession,
     link: Option<Link>,

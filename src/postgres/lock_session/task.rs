@@ -42,14 +42,15 @@ impl Drop for Task {
         // never pooled, when it may still hold a lock, and the holders of those locks are told
         // (a task that ended through `close` has told them already).
         self.shared.unavailable.store(true, Ordering::SeqCst);
+        // Ended before the parked connection is taken: a caller that still has it (on another
+        // runtime, say) then closes it when it puts it back (see `Shared::park`).
+        let first = self.shared.ended.set(LossCause::SessionClosed).is_ok();
         let mut parked = self.shared.take_parked();
         if self.shared.held.load(Ordering::SeqCst) != 0 {
             for link in [self.link.as_mut(), parked.as_mut()].into_iter().flatten() {
                 link.conn.mark_dirty();
             }
-            if self.shared.ended.set(LossCause::SessionClosed).is_ok()
-                && let Some(events) = self.events.upgrade()
-            {
+            if first && let Some(events) = self.events.upgrade() {
                 events.closed(self.id);
             }
         }
@@ -66,7 +67,11 @@ impl Task {
                 Ok(None) => return,
                 Err(cause) => return self.close(cause),
             };
-            self.claim().await;
+            // The command in hand is dropped if the connection does not come back: its caller
+            // hears that the session closed, and tries another.
+            if let Err(cause) = self.claim().await {
+                return self.close(cause);
+            }
             let (outcome, ran) = self.execute_queued(command).await;
             self.last_active = Instant::now();
             self.shared.queued.fetch_sub(ran, Ordering::SeqCst);
@@ -84,17 +89,28 @@ impl Task {
     }
 
     /// Takes the connection back from the spot, waiting for a caller that borrowed it to put
-    /// it back.
-    async fn claim(&mut self) {
+    /// it back. A caller polled to the end of its statement does so within two statement
+    /// bounds (the statement, and the settling of a refused one); one that stops being polled
+    /// half-way holds the connection for as long as it is not polled. Past those bounds the
+    /// session is given up, as when the server leaves a statement unanswered: its locks (the
+    /// borrower's own at most, see `LockSession::borrow`) can no longer be vouched for.
+    async fn claim(&mut self) -> Result<(), LossCause> {
+        let due = Instant::now() + 2 * self.shared.context.statement_timeout;
         while self.link.is_none() {
             let returned = self.shared.returned.notified();
             tokio::pin!(returned);
             returned.as_mut().enable();
             match self.shared.take_parked() {
                 Some(link) => self.link = Some(link),
-                None => returned.await,
+                None => {
+                    tokio::select! {
+                        () = returned => {}
+                        () = self.timer.until(due) => return Err(LossCause::Unverifiable),
+                    }
+                }
             }
         }
+        Ok(())
     }
 
     /// The next command. Meanwhile, leaves the connection to callers, pings the session
@@ -134,7 +150,7 @@ impl Task {
             // Retired only once the timer has run out, never on the way in: a session just
             // opened is idle, and the caller it was opened for is about to use it.
             if (self.deadlines().0).is_some_and(|at| Instant::now() >= at) {
-                self.retire().await;
+                self.retire().await?;
             }
         }
     }
@@ -156,29 +172,20 @@ impl Task {
     }
 
     /// Stops handing the session out, unless it is in use after all: something is queued, or
-    /// a caller is running a statement on it (then this waits for the statement to end, after
-    /// which the session is idle no longer).
-    async fn retire(&mut self) {
-        let returned = self.shared.returned.notified();
-        tokio::pin!(returned);
-        returned.as_mut().enable();
-        let retired = {
-            let spot = crate::sync::lock(&self.shared.spot);
-            let idle = self.shared.held.load(Ordering::SeqCst) == 0 && self.inbox.is_empty();
-            if spot.is_some() && idle {
-                // Under the spot's lock, so no caller can borrow the connection for a new lock
-                // after this.
-                self.shared.unavailable.store(true, Ordering::SeqCst);
+    /// a caller is running a statement on it (then this first waits for the connection to
+    /// come back, as for any command).
+    async fn retire(&mut self) -> Result<(), LossCause> {
+        self.claim().await?;
+        // The task holds the connection, so no caller can borrow it for a new lock while this
+        // decides.
+        if self.shared.held.load(Ordering::SeqCst) == 0 && self.inbox.is_empty() {
+            self.shared.unavailable.store(true, Ordering::SeqCst);
+            if let Some(events) = self.events.upgrade() {
+                // Handles taken before this still work; the task ends with the last.
+                events.retired(self.id);
             }
-            spot.is_some().then_some(idle)
-        };
-        let Some(retired) = retired else {
-            return returned.await;
-        };
-        if retired && let Some(events) = self.events.upgrade() {
-            // Handles taken before this still work; the task ends with the last.
-            events.retired(self.id);
         }
+        Ok(())
     }
 
     /// One heartbeat: the server's answer confirms the session and every lock on it.
@@ -186,7 +193,7 @@ impl Task {
         let Some(heartbeat) = self.shared.context.heartbeat else {
             return Ok(());
         };
-        self.claim().await;
+        self.claim().await?;
         if !self.inbox.is_empty() {
             // A caller that had the connection left a command to settle its statement (sent
             // before the connection came back), or a command came meanwhile: it runs first.
