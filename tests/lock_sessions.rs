@@ -772,3 +772,48 @@ async fn a_try_left_unpolled_mid_statement_holds_up_no_other_lock() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_try_left_unpolled_on_an_idle_session_holds_up_other_callers_only_for_a_bound() {
+    // A try that borrowed an idle session's connection and is then never polled again keeps
+    // that connection; a caller that needs the session meanwhile waits at most twice the
+    // statement bound, after which the session is given up and the caller served on a new one.
+    let proxy = Proxy::start().await;
+    let app = app_name("unpolled-idle");
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(proxy.options(&app))
+        .await
+        .expect("connect through the proxy");
+    let locks = common::manager_for(pool, &app)
+        .lock_sessions(1)
+        .release_timeout(Duration::from_millis(300))
+        .build();
+    let warm = locks
+        .acquire(&key("unpolled-idle-warm"), Some(BOUND))
+        .await
+        .expect("acquire");
+    warm.release().await.expect("release");
+    let left_key = key("unpolled-idle-left");
+    let mut left = Box::pin(locks.try_acquire(&left_key));
+    // Its statement is sent and cannot be answered before the poll ends; the answer may come
+    // once the proxy lets it through, but the future is not polled to read it.
+    proxy.blackhole();
+    let polled = futures::poll!(left.as_mut());
+    assert!(polled.is_pending(), "{polled:?}");
+    proxy.restore();
+    let other = tokio::time::timeout(
+        Duration::from_secs(5),
+        locks.acquire(&key("unpolled-idle-other"), Some(BOUND)),
+    )
+    .await
+    .expect("the other caller was held up past the bound")
+    .expect("acquire on a new session");
+    other.release().await.expect("release");
+    drop(left);
+    let observer = observer().await;
+    eventually("nothing of the left try stays held", || async {
+        lock_rows(&observer, lock_id(&left_key)).await.is_empty()
+    })
+    .await;
+}
