@@ -277,12 +277,17 @@ async fn a_closed_lock_session_loses_exactly_its_locks() {
 
 /// A manager whose connections go through `proxy`, with detection slow enough that a short
 /// blackhole never trips it.
-async fn behind(proxy: &Proxy, app: &str, fencing: &FencingTable) -> PostgresLockManager {
-    let pool = PgPoolOptions::new()
+/// A pool of four connections through `proxy`, tagged `app`.
+async fn pool_through(proxy: &Proxy, app: &str) -> PgPool {
+    PgPoolOptions::new()
         .max_connections(4)
         .connect_with(proxy.options(app))
         .await
-        .expect("connect through the proxy");
+        .expect("connect through the proxy")
+}
+
+async fn behind(proxy: &Proxy, app: &str, fencing: &FencingTable) -> PostgresLockManager {
+    let pool = pool_through(proxy, app).await;
     common::manager_for(pool, app)
         .lock_sessions(1)
         .fencing(fencing.clone())
@@ -662,11 +667,7 @@ async fn an_unanswered_unlock_closes_its_lock_session_and_reports_its_locks_lost
     let observer = observer().await;
     let proxy = Proxy::start().await;
     let app = app_name("unanswered-unlock");
-    let pool = PgPoolOptions::new()
-        .max_connections(4)
-        .connect_with(proxy.options(&app))
-        .await
-        .expect("connect through the proxy");
+    let pool = pool_through(&proxy, &app).await;
     let locks = common::manager_for(pool, &app)
         .lock_sessions(1)
         .release_timeout(Duration::from_millis(200))
@@ -780,11 +781,7 @@ async fn a_try_left_unpolled_on_an_idle_session_holds_up_other_callers_only_for_
     // statement bound, after which the session is given up and the caller served on a new one.
     let proxy = Proxy::start().await;
     let app = app_name("unpolled-idle");
-    let pool = PgPoolOptions::new()
-        .max_connections(4)
-        .connect_with(proxy.options(&app))
-        .await
-        .expect("connect through the proxy");
+    let pool = pool_through(&proxy, &app).await;
     let locks = common::manager_for(pool, &app)
         .lock_sessions(1)
         .release_timeout(Duration::from_millis(300))
