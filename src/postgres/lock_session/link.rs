@@ -59,9 +59,12 @@ impl Link {
         let statement = self.statements.try_lock(mode, target);
         let args = target_args(target);
         let query = sqlx::query_as_with::<_, TryRow, _>(AssertSqlSafe(statement), args);
-        let sent = Instant::now();
-        let due = Self::due(shared, sent);
-        let answer = bounded(&mut self.watchdog, due, query.fetch_one(self.conn.conn())).await;
+        let (sent, answer) = exchange(
+            &mut self.watchdog,
+            shared,
+            query.fetch_one(self.conn.conn()),
+        )
+        .await;
         self.settle(shared, sent, answer)
     }
 
@@ -76,9 +79,12 @@ impl Link {
         let statement = self.statements.unlock(mode, target);
         let args = target_args(target);
         let query = sqlx::query_scalar_with::<_, Option<bool>, _>(AssertSqlSafe(statement), args);
-        let sent = Instant::now();
-        let due = Self::due(shared, sent);
-        let answer = bounded(&mut self.watchdog, due, query.fetch_one(self.conn.conn())).await;
+        let (sent, answer) = exchange(
+            &mut self.watchdog,
+            shared,
+            query.fetch_one(self.conn.conn()),
+        )
+        .await;
         self.settle(shared, sent, answer)?
             .ok_or(SessionError::Pooled)
     }
@@ -93,9 +99,12 @@ impl Link {
             return Ok(None);
         };
         let query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(statement)).bind(target.packed());
-        let sent = Instant::now();
-        let due = Self::due(shared, sent);
-        let answer = bounded(&mut self.watchdog, due, query.fetch_one(self.conn.conn())).await;
+        let (sent, answer) = exchange(
+            &mut self.watchdog,
+            shared,
+            query.fetch_one(self.conn.conn()),
+        )
+        .await;
         self.settle(shared, sent, answer).map(Some)
     }
 
@@ -110,9 +119,12 @@ impl Link {
     ) -> Result<(), SessionError> {
         let sql = Statements::unlock_if_held(target, mode);
         let query = sqlx::query(AssertSqlSafe(sql));
-        let sent = Instant::now();
-        let due = Self::due(shared, sent);
-        let answer = bounded(&mut self.watchdog, due, query.fetch_all(self.conn.conn())).await;
+        let (sent, answer) = exchange(
+            &mut self.watchdog,
+            shared,
+            query.fetch_all(self.conn.conn()),
+        )
+        .await;
         self.settle(shared, sent, answer).map(|_| ())
     }
 
@@ -128,9 +140,12 @@ impl Link {
             .bind(self.conn.pid)
             .bind(ids)
             .bind(modes);
-        let sent = Instant::now();
-        let due = Self::due(shared, sent);
-        let answer = bounded(&mut self.watchdog, due, query.fetch_all(self.conn.conn())).await;
+        let (sent, answer) = exchange(
+            &mut self.watchdog,
+            shared,
+            query.fetch_all(self.conn.conn()),
+        )
+        .await;
         self.settle(shared, sent, answer)
     }
 
@@ -188,6 +203,20 @@ impl Link {
         shared.liveness.heard(sent);
         shared.last_used.heard(sent);
     }
+}
+
+/// Runs `statement` within the session's statement bound ([`Link::due`]); returns when it was
+/// sent (an answer means the server heard the session then) and its answer, `None` when it
+/// went unanswered.
+async fn exchange<T>(
+    watchdog: &mut Watchdog,
+    shared: &Shared,
+    statement: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+) -> (Instant, Option<Result<T, sqlx::Error>>) {
+    // Read before the statement's first poll, which is when it is sent.
+    let sent = Instant::now();
+    let due = Link::due(shared, sent);
+    (sent, bounded(watchdog, due, statement).await)
 }
 
 /// Runs `statement`, or gives up on it (`None`) once `due` has passed without an answer.
