@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use pglock::{LockManagerExt, PostgresLockManager};
+use pglock::PostgresLockManager;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio::task::JoinSet;

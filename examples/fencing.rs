@@ -27,7 +27,7 @@
 use std::time::Duration;
 
 use pglock::fence::Error as FenceError;
-use pglock::{FencingTable, LockGuard, LockManagerExt, PostgresLockManager, RowFence};
+use pglock::{FencingTable, LockGuard, PostgresLockManager, RowFence};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;

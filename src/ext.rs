@@ -10,7 +10,10 @@ use crate::{Error, LockGuard, LockInfo, LockKey, LockManager, LockMode, Result};
 /// `dyn LockManager`.
 ///
 /// Import it next to the trait (`use pglock::{LockManager, LockManagerExt};`, or
-/// `use pglock::prelude::*;`). Every method that takes a key takes any kind of key: a string
+/// `use pglock::prelude::*;`). The managers of this crate also have `acquire`, `acquire_shared`,
+/// `try_acquire` and `try_acquire_shared` as inherent methods, which mean exactly what these do
+/// and which method syntax on the concrete type picks: they skip the allocation that reaching
+/// the engine through the object-safe port costs. Every method that takes a key takes any kind of key: a string
 /// (hashed with the frozen [`lock_id`](crate::lock_id) derivation), an `i64`, an `(i32, i32)`
 /// pair or a [`LockKey`].
 ///

@@ -5,6 +5,9 @@ use std::future::Future;
 
 use async_trait::async_trait;
 
+use crate::core::CoreGuard;
+use crate::memory::MemoryBackend;
+use crate::postgres::backend::PgBackend;
 use crate::{Error, LockInfo, LossCause, LossSignal, Result};
 
 /// Proof that a lock is held, handed back by every acquisition
@@ -39,7 +42,26 @@ use crate::{Error, LockInfo, LossCause, LossSignal, Result};
 pub struct LockGuard {
     info: LockInfo,
     loss: LossSignal,
-    backend: Option<Box<dyn GuardBackend>>,
+    exit: Option<Exit>,
+}
+
+/// Who releases a guard's acquisition. The managers of this crate keep their guards unboxed,
+/// one variant each, so the common release is a `match` rather than an allocation and a boxed
+/// future; implementors of [`LockManager`](crate::LockManager) elsewhere come in as `Custom`.
+pub(crate) enum Exit {
+    Postgres(CoreGuard<PgBackend>),
+    Memory(CoreGuard<MemoryBackend>),
+    Custom(Box<dyn GuardBackend>),
+}
+
+impl fmt::Debug for Exit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Exit::Postgres(guard) => guard.fmt(f),
+            Exit::Memory(guard) => guard.fmt(f),
+            Exit::Custom(backend) => backend.fmt(f),
+        }
+    }
 }
 
 impl LockGuard {
@@ -50,7 +72,16 @@ impl LockGuard {
         LockGuard {
             info,
             loss: backend.loss_signal(),
-            backend: Some(backend),
+            exit: Some(Exit::Custom(backend)),
+        }
+    }
+
+    /// A guard of one of this crate's managers.
+    pub(crate) fn with_exit(info: LockInfo, loss: LossSignal, exit: Exit) -> Self {
+        LockGuard {
+            info,
+            loss,
+            exit: Some(exit),
         }
     }
 
@@ -141,8 +172,10 @@ impl LockGuard {
     /// the guard had been dropped: either the unlock finishes in the background or the session
     /// that holds the lock is closed. The lock is never left held.
     pub async fn release(mut self) -> Result<()> {
-        match self.backend.take() {
-            Some(backend) => backend.release().await,
+        match self.exit.take() {
+            Some(Exit::Postgres(guard)) => guard.release().await,
+            Some(Exit::Memory(guard)) => guard.release().await,
+            Some(Exit::Custom(backend)) => backend.release().await,
             None => Ok(()),
         }
     }
@@ -167,8 +200,11 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub fn leak(mut self) -> LockInfo {
-        if let Some(backend) = self.backend.take() {
-            backend.leak();
+        match self.exit.take() {
+            Some(Exit::Postgres(guard)) => guard.leak(),
+            Some(Exit::Memory(guard)) => guard.leak(),
+            Some(Exit::Custom(backend)) => backend.leak(),
+            None => {}
         }
         self.info.clone()
     }
@@ -179,12 +215,12 @@ impl fmt::Debug for LockGuard {
         f.debug_struct("LockGuard")
             .field("info", &self.info)
             .field("loss", &self.loss)
-            .field("backend", &self.backend)
+            .field("backend", &self.exit)
             .finish()
     }
 }
 
-// Dropping `backend` is the background release: see `GuardBackend`.
+// Dropping `exit` is the background release: see `GuardBackend` and `CoreGuard`'s `Drop`.
 
 /// The implementor's side of a [`LockGuard`].
 ///

@@ -1,7 +1,7 @@
 //! How a holder learns that its lock is gone.
 
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -120,7 +120,6 @@ impl fmt::Display for LossCause {
 /// from a manager that cannot detect loss simply never fires.
 #[derive(Clone, Default)]
 pub struct LossSignal {
-    token: CancellationToken,
     state: Arc<State>,
     /// Set for a lock whose session the server ends after a silence: past its expiry the
     /// signal counts as fired ([`LossCause::Expired`]) as soon as anyone looks at it, without
@@ -129,10 +128,15 @@ pub struct LossSignal {
     expiry: Option<Arc<Liveness>>,
 }
 
-/// What every clone of a signal shares (one allocation for both).
+/// What every clone of a signal shares (one allocation).
 #[derive(Default)]
 struct State {
     cause: OnceLock<LossCause>,
+    /// Made on first demand ([`LossSignal::lost`], [`LossSignal::token`]): most signals are
+    /// never awaited, and a token is an allocation of its own. A mutex rather than a `OnceLock`
+    /// so that a token made while the signal fires is cancelled either by `declare` or by its
+    /// maker, never by neither.
+    token: Mutex<Option<CancellationToken>>,
     /// Set once the acquisition ended without a loss (its guard released it, or handed it on):
     /// its session's later silence is no longer this signal's business.
     settled: AtomicBool,
@@ -147,8 +151,8 @@ impl LossSignal {
     /// Fires the signal. The first cause wins; later calls do nothing and return false.
     pub fn declare(&self, cause: LossCause) -> bool {
         let first = self.state.cause.set(cause).is_ok();
-        if first {
-            self.token.cancel();
+        if first && let Some(token) = &*crate::sync::lock(&self.state.token) {
+            token.cancel();
         }
         first
     }
@@ -198,7 +202,7 @@ impl LossSignal {
     ///
     /// Cancel safe: it only waits.
     pub async fn lost(&self) -> LossCause {
-        self.token.cancelled().await;
+        self.token().cancelled_owned().await;
         self.state
             .cause
             .get()
@@ -257,7 +261,13 @@ impl LossSignal {
     /// A token cancelled when the lock is declared lost, for `select!`, `run_until_cancelled`
     /// or handing to code that already speaks `CancellationToken`.
     pub fn token(&self) -> CancellationToken {
-        self.token.clone()
+        let mut token = crate::sync::lock(&self.state.token);
+        let token = token.get_or_insert_with(CancellationToken::new);
+        // Fired before the token existed: `declare` found none to cancel.
+        if self.state.cause.get().is_some() {
+            token.cancel();
+        }
+        token.clone()
     }
 }
 

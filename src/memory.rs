@@ -7,8 +7,9 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::timeout_at;
 
 use crate::core::{
-    Backend, CommonOptions, Core, HandoffLimits, Request, Slots, delegate_lock_manager,
+    Backend, CommonOptions, Core, CoreGuard, HandoffLimits, Request, Slots, delegate_lock_manager,
 };
+use crate::guard::Exit;
 use crate::{LockKey, LockMode, LockTarget, LossCause, Result};
 
 /// A [`LockManager`](crate::LockManager) that lives inside one process, for unit tests.
@@ -303,5 +304,9 @@ impl Backend for MemoryBackend {
     ) -> Result<()> {
         drop(session);
         Ok(())
+    }
+
+    fn exit(guard: CoreGuard<Self>) -> Exit {
+        Exit::Memory(guard)
     }
 }

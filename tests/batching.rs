@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use common::proxy::Proxy;
 use common::{app_name, key, lock_rows, observer, pool_named};
 use futures::future::join_all;
-use pglock::{LockManagerExt, PostgresLockManager, lock_id};
+use pglock::{PostgresLockManager, lock_id};
 use sqlx::postgres::PgPoolOptions;
 
 const TRIES: usize = 200;

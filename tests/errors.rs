@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{app_name, key};
-use pglock::{Error, LockManagerExt, PostgresLockManager};
+use pglock::{Error, PostgresLockManager};
 use pglock_testing::TempPostgres;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgConnection};

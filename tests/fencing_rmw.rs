@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use pglock::fence::Error as FenceError;
-use pglock::{FencingTable, LockManagerExt, PostgresLockManager, RowFence, lock_id};
+use pglock::{FencingTable, PostgresLockManager, RowFence, lock_id};
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};

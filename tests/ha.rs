@@ -33,8 +33,8 @@ use std::time::Duration;
 use common::key;
 use pglock::leader::Error as LeaderError;
 use pglock::{
-    Error, FencingTable, LeaderElection, LockGuard, LockInfo, LockManager, LockManagerExt,
-    LossCause, PostgresLockManager, lock_id,
+    Error, FencingTable, LeaderElection, LockGuard, LockInfo, LockManager, LossCause,
+    PostgresLockManager, lock_id,
 };
 use pglock_testing::TempPostgres;
 use sqlx::PgPool;

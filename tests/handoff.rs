@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::stages::StageCounts;
 use common::{app_name, key, lock_rows, observer, pool_named};
-use pglock::{LockManager, LockManagerExt, PostgresLockManager, lock_id};
+use pglock::{LockManager, PostgresLockManager, lock_id};
 use pglock_testing::Stage;
 use sqlx::PgPool;
 use tokio::time::Instant;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use common::{LockRow, advisory_locks_of, app_name, eventually, key, lock_rows, observer};
 use pglock::inspect::{Error as InspectError, Inspector, LockReport, Session};
-use pglock::{LockManagerExt, LockMode, PostgresLockManager, lock_id, split_lock_id};
+use pglock::{LockMode, PostgresLockManager, lock_id, split_lock_id};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgConnection, PgPool};
 use tokio::task::JoinHandle;

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{app_name, eventually, key, observer, pool_named};
-use pglock::{FencingTable, LockKey, LockManagerExt, LockTarget, PostgresLockManager};
+use pglock::{FencingTable, LockKey, LockTarget, PostgresLockManager};
 use sqlx::postgres::{PgAdvisoryLock, PgAdvisoryLockKey};
 use sqlx::{Connection, PgConnection};
 

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::child::ChildOutput;
-use pglock::{LockManagerExt, PostgresLockManager};
+use pglock::PostgresLockManager;
 use sqlx::PgPool;
 
 const PROCESSES: usize = 4;

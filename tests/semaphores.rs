@@ -197,7 +197,6 @@ async fn queued_behind(observer: &sqlx::PgPool, application_name: &str) -> bool 
 /// Opens the sessions a manager waits with (its lock session, a wait session), so that its
 /// first wait in the measurement starts at once rather than after connecting.
 async fn warm_up(locks: &PostgresLockManager) {
-    use pglock::LockManagerExt;
     let key = common::key("semaphore-warm-up");
     let other = manager("semaphore-warm-up", 2).await;
     let held = other.acquire(&key, None).await.expect("free");

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use common::pgbouncer::{self, backend_pid, holders};
 use common::{eventually, observer};
-use pglock::{Error, LockGuard, LockKey, LockManagerExt, PostgresLockManager, ReleaseFailure};
+use pglock::{Error, LockGuard, LockKey, PostgresLockManager, ReleaseFailure};
 use pglock_testing::{PoolMode, TempPgBouncer};
 use sqlx::{PgPool, Row};
 use tokio::time::timeout;

@@ -13,10 +13,7 @@ use common::child::{ChildOutput, role, spawn_self};
 use common::proxy::Proxy;
 use common::{key, lock_rows, observer, pool_named};
 use pglock::fence::Error as FenceError;
-use pglock::{
-    Error, FencingTable, LockManager, LockManagerExt, LossCause, PostgresLockManager, RowFence,
-    lock_id,
-};
+use pglock::{Error, FencingTable, LockManager, LossCause, PostgresLockManager, RowFence, lock_id};
 use rustix::process::{Pid, Signal, kill_process};
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio::time::Instant;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::pgbouncer::{backend_pid, holders, waiters};
 use common::{observer, pool};
-use pglock::{Error, LockKey, LockManagerExt, PostgresLockManager, TransactionLock};
+use pglock::{Error, LockKey, PostgresLockManager, TransactionLock};
 use sqlx::{Acquire, PgConnection, Row};
 use tokio::time::{Instant, timeout};
 

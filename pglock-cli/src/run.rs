@@ -4,7 +4,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use clap::Args;
-use pglock::{LockGuard, LockManagerExt, LossCause, LossSignal, PostgresLockManager};
+use pglock::{LockGuard, LossCause, LossSignal, PostgresLockManager};
 use sqlx::PgPool;
 use tokio::process::{Child, Command};
 use tokio::time::{Instant, sleep_until};

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::cli::{Lines, exit_code, output, pglock, pglock_on_db, signal, stderr, stdout};
 use common::{app_name, eventually, key, lock_rows, observer};
 use pglock::inspect::Inspector;
-use pglock::{LockManagerExt, lock_id, split_lock_id};
+use pglock::{lock_id, split_lock_id};
 use serde_json::Value;
 
 /// Runs the command against the test database.

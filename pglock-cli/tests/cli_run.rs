@@ -9,7 +9,7 @@ use std::process::{Child, Stdio};
 
 use common::cli::{Lines, exit_code, output, pglock_on_db, signal, stderr, stdout};
 use common::{app_name, eventually, key, lock_rows, observer};
-use pglock::{LockManagerExt, PostgresLockManager, lock_id};
+use pglock::{PostgresLockManager, lock_id};
 use rustix::process::Signal;
 use sqlx::PgPool;
 

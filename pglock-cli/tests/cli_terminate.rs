@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::cli::{output, pglock_on_db, stderr, stdout};
 use common::{app_name, eventually, key, lock_rows, observer};
-use pglock::{LockGuard, LockManagerExt, LossCause, PostgresLockManager, lock_id};
+use pglock::{LockGuard, LossCause, PostgresLockManager, lock_id};
 use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
 
 /// A pseudo-terminal: the command reads the slave as its stdin, the test types into the master.

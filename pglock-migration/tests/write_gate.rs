@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::{Harness, SOURCE, TARGET, TestLag, TestStores};
 use common::{eventually, lock_rows, observer, pool_named, within};
-use pglock::{InMemoryLockManager, InMemoryLockServer, LockManager, LockManagerExt};
+use pglock::{InMemoryLockManager, InMemoryLockServer, LockManager};
 use pglock_migration::{
     AuditEvent, BoxError, CopyBatch, CopyRequest, CutoverManager, EventCopier, MigrationConfig,
     MigrationCoordinator, MigrationPhase, PostgresMigrationStore, RoutingRepository, RoutingState,

@@ -2,14 +2,13 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
-use tracing::Instrument;
-
 use super::{Backend, Core};
 use crate::telemetry::{self, outcome, via};
-use crate::{Error, GuardBackend, LockKey, LossSignal, Result};
+use crate::{Error, LockKey, LossSignal, Result};
 
-pub(super) struct CoreGuard<B: Backend> {
+/// The engine's side of a [`LockGuard`](crate::LockGuard): held unboxed inside the guard (see
+/// `guard::Exit`), so releasing through it costs no allocation and no virtual call.
+pub(crate) struct CoreGuard<B: Backend> {
     pub(super) core: Arc<Core<B>>,
     pub(super) key: LockKey,
     pub(super) lock_id: i64,
@@ -29,18 +28,12 @@ impl<B: Backend> std::fmt::Debug for CoreGuard<B> {
     }
 }
 
-#[async_trait]
-impl<B: Backend> GuardBackend for CoreGuard<B> {
-    async fn release(mut self: Box<Self>) -> Result<()> {
+impl<B: Backend> CoreGuard<B> {
+    /// Releases the acquisition now; see [`LockGuard::release`](crate::LockGuard::release).
+    pub(crate) async fn release(mut self) -> Result<()> {
         let mut recorder = self.core.release_outcome(&self.key, via::GUARD);
         let span = recorder.span().clone();
-        // Stay armed until the registry entry is out: if this future is dropped while waiting
-        // for the registry, `Drop` still releases.
-        let held = self
-            .core
-            .forget_generation(&self.key, self.generation)
-            .instrument(span.clone())
-            .await;
+        let held = self.core.forget_generation(&self.key, self.generation);
         self.armed = false;
         let Some(held) = held else {
             span.record(telemetry::LOCK_ID, self.lock_id);
@@ -60,12 +53,9 @@ impl<B: Backend> GuardBackend for CoreGuard<B> {
         self.core.unlock(&self.key, held, recorder).await
     }
 
-    fn leak(mut self: Box<Self>) {
+    /// Leaves the acquisition in the registry; see [`LockGuard::leak`](crate::LockGuard::leak).
+    pub(crate) fn leak(mut self) {
         self.armed = false;
-    }
-
-    fn loss_signal(&self) -> LossSignal {
-        self.signal.clone()
     }
 }
 

@@ -6,6 +6,7 @@
 //! | --- | --- |
 //! | `mod.rs` | the backend interface, the acquisition paths |
 //! | `registry.rs` | held locks: register, list, release, release all, declare lost |
+//! | `direct.rs` | the managers' inherent acquisitions, which skip the port's boxing |
 //! | `guard.rs` | a guard's handle on its registry entry |
 //! | `turn.rs` | the per-key FIFO queue of one manager's tasks, and the in-process handoff |
 //! | `slots.rs` | the table of per-key queues, which forgets keys nobody waits for |
@@ -15,6 +16,7 @@
 //! | `spans.rs` | tracing spans and their outcomes |
 
 mod budget;
+mod direct;
 mod guard;
 mod liveness;
 mod options;
@@ -28,13 +30,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tokio::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use tokio::time::Instant;
 use tracing::Instrument;
 
 pub(crate) use self::budget::Budget;
 use self::budget::Slot;
-use self::guard::CoreGuard;
+pub(crate) use self::direct::direct_acquisitions;
+pub(crate) use self::guard::CoreGuard;
 pub(crate) use self::liveness::Liveness;
 pub(crate) use self::options::{CommonOptions, HandoffLimits, Options};
 pub(crate) use self::registry::Watched;
@@ -145,6 +148,12 @@ pub(crate) trait Backend: Send + Sync + 'static {
         Self: Sized,
     {
     }
+
+    /// Wraps a guard of this backend for [`LockGuard`]: each backend has its own variant, so
+    /// the guard's release is a plain `match`, not a boxed future.
+    fn exit(guard: CoreGuard<Self>) -> crate::guard::Exit
+    where
+        Self: Sized;
 }
 
 /// What a loss detector needs from a manager: the locks it holds, and a way to declare one
@@ -179,6 +188,8 @@ impl<B: Backend> LockTable for Core<B> {
 
 pub(crate) struct Core<B: Backend> {
     pub(crate) backend: B,
+    /// A plain mutex: every critical section is a few map operations, never held across an
+    /// await, and an async mutex cost more than the rest of the bookkeeping of a lock.
     state: Mutex<State<B::Session>>,
     /// Mirrors `state.held.len()` for the synchronous `held_lock_count`; only changed under
     /// the state lock.
@@ -234,6 +245,11 @@ impl<B: Backend> Core<B> {
             })
     }
 
+    /// The registry, locked.
+    fn state(&self) -> MutexGuard<'_, State<B::Session>> {
+        crate::sync::lock(&self.state)
+    }
+
     /// Mirrors the registry's size; only called with the state lock held.
     fn set_held(&self, count: usize) {
         let before = self.held.swap(count, Ordering::SeqCst);
@@ -241,7 +257,7 @@ impl<B: Backend> Core<B> {
     }
 
     pub(crate) async fn is_held(&self, key: &LockKey) -> bool {
-        self.state.lock().await.held.contains_key(key)
+        self.state().held.contains_key(key)
     }
 
     async fn checkpoint(&self, stage: Stage, key: &LockKey) {
@@ -270,7 +286,14 @@ impl<B: Backend> Core<B> {
             // A timeout too long for the clock (`Duration::MAX`) is waited out like none.
             deadline: timeout.and_then(|t| started.checked_add(t)),
         };
-        let result = self.acquire_traced(&request).instrument(span.clone()).await;
+        // `Instrumented` costs a copy of the future and an enter and exit per poll, even of
+        // `Span::none()`: skipped when nobody wants the span.
+        let traced = self.acquire_traced(&request);
+        let result = if span.is_none() {
+            traced.await
+        } else {
+            traced.instrument(span.clone()).await
+        };
         let waited = started.elapsed();
         span.record(crate::telemetry::WAITED_MS, spans::duration_ms(waited));
         let ended = match &result {
@@ -290,7 +313,7 @@ impl<B: Backend> Core<B> {
     async fn acquire_traced(self: &Arc<Self>, request: &Request<'_>) -> Result<LockGuard> {
         let key = request.key;
         self.checkpoint(Stage::Turn, key).await;
-        let turn = self.state.lock().await.turn(key);
+        let turn = self.state().turn(key);
         let (permit, handoff) = if request.is_immediate() {
             (turn.try_take().ok_or_else(|| request.timed_out())?, None)
         } else {
@@ -338,10 +361,10 @@ impl<B: Backend> Core<B> {
             key: request.key.clone(),
             lock_id: request.lock_id,
             generation,
-            signal,
+            signal: signal.clone(),
             armed: true,
         };
-        LockGuard::new(info, Box::new(guard))
+        LockGuard::with_exit(info, signal, B::exit(guard))
     }
 
     pub(crate) async fn try_acquire(
@@ -362,10 +385,12 @@ impl<B: Backend> Core<B> {
             timeout: Some(Duration::ZERO),
             deadline: None,
         };
-        let result = self
-            .try_acquire_traced(&request)
-            .instrument(span.clone())
-            .await;
+        let traced = self.try_acquire_traced(&request);
+        let result = if span.is_none() {
+            traced.await
+        } else {
+            traced.instrument(span.clone()).await
+        };
         let ended = match &result {
             Ok(Some(_)) => outcome::ACQUIRED,
             Ok(None) => outcome::BUSY,
@@ -390,7 +415,7 @@ impl<B: Backend> Core<B> {
     ) -> Result<Option<LockGuard>> {
         let key = request.key;
         self.checkpoint(Stage::Turn, key).await;
-        let turn = self.state.lock().await.turn(key);
+        let turn = self.state().turn(key);
         let Some(permit) = turn.try_take() else {
             return Ok(None);
         };
@@ -438,8 +463,11 @@ impl<B: Backend> Core<B> {
 
 /// Implements [`LockManager`](crate::LockManager) for a manager type that wraps
 /// `core: Arc<Core<_>>`.
+/// Also gives the type its unboxed inherent acquisitions (see `direct.rs`).
 macro_rules! delegate_lock_manager {
     ($manager:ty) => {
+        $crate::core::direct_acquisitions!($manager);
+
         #[async_trait::async_trait]
         impl $crate::LockManager for $manager {
             async fn lock(

@@ -104,7 +104,12 @@ impl<B: Backend> Core<B> {
             target: request.target,
             mode: request.mode,
             signal: signal.clone(),
-            registered_at: Instant::now(),
+            // A lock fresh from the server was granted a moment ago: one clock read serves both.
+            registered_at: if granted.handoffs == 0 {
+                granted.since
+            } else {
+                Instant::now()
+            },
             info,
             since: granted.since,
             handoffs: granted.handoffs,
@@ -113,7 +118,7 @@ impl<B: Backend> Core<B> {
             turn,
         };
         let session_ended = {
-            let mut state = self.state.lock().await;
+            let mut state = self.state();
             // Holding the key's turn makes this the only live acquisition of the key here.
             let previous = state.held.insert(request.key.clone(), held);
             debug_assert!(previous.is_none(), "two live acquisitions of one key");
@@ -131,7 +136,7 @@ impl<B: Backend> Core<B> {
 
     /// The locks held right now whose sessions have ended, for the loss detector.
     pub(crate) async fn watched(&self) -> Vec<Watched> {
-        let state = self.state.lock().await;
+        let state = self.state();
         state
             .held
             .iter()
@@ -148,7 +153,7 @@ impl<B: Backend> Core<B> {
     /// The port's `held_locks`: every registered acquisition, the longest held first, each aged
     /// against one reading of the clock.
     pub(crate) async fn held_locks(&self) -> Vec<HeldLock> {
-        let state = self.state.lock().await;
+        let state = self.state();
         let now = Instant::now();
         let mut held: Vec<(Instant, u64, HeldLock)> = state
             .held
@@ -166,7 +171,7 @@ impl<B: Backend> Core<B> {
 
     /// Declares whatever acquisition of `key` is registered lost (see `declare_lost`).
     pub(crate) async fn declare_key_lost(&self, key: &LockKey, cause: LossCause) -> bool {
-        let generation = self.state.lock().await.held.get(key).map(|h| h.generation);
+        let generation = self.state().held.get(key).map(|h| h.generation);
         match generation {
             Some(generation) => self.declare_lost(key, generation, cause).await,
             None => false,
@@ -183,7 +188,7 @@ impl<B: Backend> Core<B> {
         cause: LossCause,
     ) -> bool {
         let held = {
-            let mut state = self.state.lock().await;
+            let mut state = self.state();
             let held = state.take_generation(key, generation);
             self.set_held(state.held.len());
             // Fire the signal before the registry lock is released: whoever finds the entry
@@ -211,8 +216,8 @@ impl<B: Backend> Core<B> {
     }
 
     /// Removes `key` from the registry, whoever acquired it, and tells its guard.
-    async fn forget(&self, key: &LockKey) -> Option<Held<B::Session>> {
-        let mut state = self.state.lock().await;
+    fn forget(&self, key: &LockKey) -> Option<Held<B::Session>> {
+        let mut state = self.state();
         let held = state.held.remove(key);
         self.set_held(state.held.len());
         // Under the registry lock, as for a loss: a guard that finds its entry gone also
@@ -224,12 +229,12 @@ impl<B: Backend> Core<B> {
     }
 
     /// Removes `key` from the registry only if it is still the acquisition `generation`.
-    pub(super) async fn forget_generation(
+    pub(super) fn forget_generation(
         &self,
         key: &LockKey,
         generation: u64,
     ) -> Option<Held<B::Session>> {
-        let mut state = self.state.lock().await;
+        let mut state = self.state();
         let held = state.take_generation(key, generation);
         self.set_held(state.held.len());
         held
@@ -238,7 +243,7 @@ impl<B: Backend> Core<B> {
     pub(crate) async fn release(&self, key: &LockKey) -> Result<()> {
         let mut recorder = self.release_outcome(key, via::KEY);
         let span = recorder.span().clone();
-        let Some(held) = self.forget(key).instrument(span.clone()).await else {
+        let Some(held) = self.forget(key) else {
             if self.tracing {
                 span.record(telemetry::LOCK_ID, key.target().packed());
             }
@@ -250,7 +255,7 @@ impl<B: Backend> Core<B> {
 
     pub(crate) async fn release_all(&self) -> Result<usize> {
         let drained: Vec<(LockKey, Held<B::Session>)> = {
-            let mut state = self.state.lock().await;
+            let mut state = self.state();
             let drained: Vec<(LockKey, Held<B::Session>)> = state.held.drain().collect();
             self.set_held(0);
             for (_, held) in &drained {
@@ -278,11 +283,7 @@ impl<B: Backend> Core<B> {
     ) -> Result<()> {
         let mut recorder = self.release_outcome(key, how);
         let span = recorder.span().clone();
-        match self
-            .forget_generation(key, generation)
-            .instrument(span.clone())
-            .await
-        {
+        match self.forget_generation(key, generation) {
             Some(held) => self.unlock(key, held, recorder).await,
             None => {
                 if self.tracing {
@@ -349,11 +350,12 @@ impl<B: Backend> Core<B> {
         } else {
             (turn, session, slot)
         };
-        let result = self
-            .backend
-            .unlock(key, target, mode, session)
-            .instrument(span.clone())
-            .await;
+        let unlock = self.backend.unlock(key, target, mode, session);
+        let result = if span.is_none() {
+            unlock.await
+        } else {
+            unlock.instrument(span.clone()).await
+        };
         // The place in the budget comes back once the server has let the lock go.
         drop((slot, turn));
         match &result {

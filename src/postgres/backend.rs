@@ -13,7 +13,8 @@ use super::monitor::Monitor;
 use super::sessions::{LockSessions, Unavailable};
 use super::statements::Statements;
 use super::wait_session::{IdleSessions, PgSession};
-use crate::core::{Backend, Budget, Core, Liveness, Request};
+use crate::core::{Backend, Budget, Core, CoreGuard, Liveness, Request};
+use crate::guard::Exit;
 use crate::{Error, LockKey, LockMode, LockTarget, LossCause, ReleaseFailure, Result};
 
 pub(crate) struct PgBackend {
@@ -179,5 +180,9 @@ impl Backend for PgBackend {
         if session_ended {
             core.backend.monitor.session_ended();
         }
+    }
+
+    fn exit(guard: CoreGuard<Self>) -> Exit {
+        Exit::Postgres(guard)
     }
 }

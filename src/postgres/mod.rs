@@ -11,7 +11,7 @@
 //! | `monitor.rs` | turning a session's end into the loss of exactly its locks |
 //! | `statements.rs`, `fencing.rs`, `errors.rs` | SQL, fencing tokens, error classification |
 
-mod backend;
+pub(crate) mod backend;
 mod builder;
 pub(crate) mod errors;
 mod fencing;

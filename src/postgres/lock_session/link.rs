@@ -4,8 +4,10 @@
 //! path (see `LockSession::borrow`). Either way a statement is bounded the same way and its
 //! answer settled the same way, so the two paths cannot drift apart.
 
-use std::pin::Pin;
+use std::future::{Future, poll_fn};
+use std::pin::{Pin, pin};
 use std::sync::atomic::Ordering;
+use std::task::Poll;
 use std::time::Duration;
 
 use sqlx::AssertSqlSafe;
@@ -59,12 +61,10 @@ impl Link {
         let statement = self.statements.try_lock(mode, target);
         let args = target_args(target);
         let query = sqlx::query_as_with::<_, TryRow, _>(AssertSqlSafe(statement), args);
-        let (sent, answer) = exchange(
-            &mut self.watchdog,
-            shared,
-            query.fetch_one(self.conn.conn()),
-        )
-        .await;
+        let (sent, answer) = {
+            let statement = pin!(query.fetch_one(self.conn.conn()));
+            exchange(&mut self.watchdog, shared, statement).await
+        };
         self.settle(shared, sent, answer)
     }
 
@@ -79,12 +79,10 @@ impl Link {
         let statement = self.statements.unlock(mode, target);
         let args = target_args(target);
         let query = sqlx::query_scalar_with::<_, Option<bool>, _>(AssertSqlSafe(statement), args);
-        let (sent, answer) = exchange(
-            &mut self.watchdog,
-            shared,
-            query.fetch_one(self.conn.conn()),
-        )
-        .await;
+        let (sent, answer) = {
+            let statement = pin!(query.fetch_one(self.conn.conn()));
+            exchange(&mut self.watchdog, shared, statement).await
+        };
         self.settle(shared, sent, answer)?
             .ok_or(SessionError::Pooled)
     }
@@ -99,12 +97,10 @@ impl Link {
             return Ok(None);
         };
         let query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(statement)).bind(target.packed());
-        let (sent, answer) = exchange(
-            &mut self.watchdog,
-            shared,
-            query.fetch_one(self.conn.conn()),
-        )
-        .await;
+        let (sent, answer) = {
+            let statement = pin!(query.fetch_one(self.conn.conn()));
+            exchange(&mut self.watchdog, shared, statement).await
+        };
         self.settle(shared, sent, answer).map(Some)
     }
 
@@ -119,12 +115,10 @@ impl Link {
     ) -> Result<(), SessionError> {
         let sql = Statements::unlock_if_held(target, mode);
         let query = sqlx::query(AssertSqlSafe(sql));
-        let (sent, answer) = exchange(
-            &mut self.watchdog,
-            shared,
-            query.fetch_all(self.conn.conn()),
-        )
-        .await;
+        let (sent, answer) = {
+            let statement = pin!(query.fetch_all(self.conn.conn()));
+            exchange(&mut self.watchdog, shared, statement).await
+        };
         self.settle(shared, sent, answer).map(|_| ())
     }
 
@@ -140,12 +134,10 @@ impl Link {
             .bind(self.conn.pid)
             .bind(ids)
             .bind(modes);
-        let (sent, answer) = exchange(
-            &mut self.watchdog,
-            shared,
-            query.fetch_all(self.conn.conn()),
-        )
-        .await;
+        let (sent, answer) = {
+            let statement = pin!(query.fetch_all(self.conn.conn()));
+            exchange(&mut self.watchdog, shared, statement).await
+        };
         self.settle(shared, sent, answer)
     }
 
@@ -155,7 +147,8 @@ impl Link {
         answer_within: Duration,
     ) -> Option<Result<(), sqlx::Error>> {
         let due = Instant::now() + answer_within;
-        bounded(&mut self.watchdog, due, self.conn.ping()).await
+        let ping = pin!(self.conn.ping());
+        bounded(&mut self.watchdog, due, ping).await
     }
 
     /// Turns a statement's answer into a result, keeping the session only when the statement
@@ -208,11 +201,18 @@ impl Link {
 /// Runs `statement` within the session's statement bound ([`Link::due`]); returns when it was
 /// sent (an answer means the server heard the session then) and its answer, `None` when it
 /// went unanswered.
-async fn exchange<T>(
+///
+/// The statement is pinned by the caller and passed by reference, here and to [`bounded`]: a
+/// statement future moved down by value is stored again at every level, which made each
+/// acquisition copy kilobytes of futures.
+async fn exchange<T, F>(
     watchdog: &mut Watchdog,
     shared: &Shared,
-    statement: impl std::future::Future<Output = Result<T, sqlx::Error>>,
-) -> (Instant, Option<Result<T, sqlx::Error>>) {
+    statement: Pin<&mut F>,
+) -> (Instant, Option<Result<T, sqlx::Error>>)
+where
+    F: Future<Output = Result<T, sqlx::Error>>,
+{
     // Read before the statement's first poll, which is when it is sent.
     let sent = Instant::now();
     let due = Link::due(shared, sent);
@@ -220,16 +220,20 @@ async fn exchange<T>(
 }
 
 /// Runs `statement`, or gives up on it (`None`) once `due` has passed without an answer.
-pub(super) async fn bounded<T>(
+pub(super) async fn bounded<F: Future>(
     watchdog: &mut Watchdog,
     due: Instant,
-    statement: impl std::future::Future<Output = T>,
-) -> Option<T> {
-    tokio::select! {
-        biased;
-        answer = statement => Some(answer),
-        () = watchdog.until(due) => None,
-    }
+    mut statement: Pin<&mut F>,
+) -> Option<F::Output> {
+    let mut timer = pin!(watchdog.until(due));
+    poll_fn(|cx| {
+        // The answer first: one that is in counts even when the bound has just passed.
+        if let Poll::Ready(answer) = statement.as_mut().poll(cx) {
+            return Poll::Ready(Some(answer));
+        }
+        timer.as_mut().poll(cx).map(|()| None)
+    })
+    .await
 }
 
 /// One timer for a series of time limits (statements' answers, an idle session's retirement).

@@ -16,7 +16,7 @@ pub(super) struct Task {
     pub(super) id: u64,
     /// The connection while the task runs something on it; between commands it is parked in
     /// the shared spot, where callers on the idle path may borrow it.
-    pub(super) link: Option<Link>,
+    pub(super) link: Option<Box<Link>>,
     /// Wakes the task to ping or retire its session.
     pub(super) timer: Watchdog,
     /// When the task last ran a command (callers' statements count through `last_used`).

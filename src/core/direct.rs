@@ -1,0 +1,142 @@
+//! The caller's acquisitions straight on the engine, for the managers' inherent methods.
+//!
+//! [`LockManagerExt`](crate::LockManagerExt) reaches the engine through the object-safe port,
+//! whose `async_trait` future is boxed: an allocation and a copy of the whole acquisition per
+//! call. A manager's inherent `acquire` and `try_acquire` call these instead; they mean exactly
+//! what the extension trait's methods mean (same nesting check, same deadlines, same errors).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Backend, Core};
+use crate::{Error, LockGuard, LockKey, LockMode, Result};
+
+impl<B: Backend> Core<B> {
+    /// [`LockManagerExt::acquire`](crate::LockManagerExt::acquire) in `mode`.
+    pub(crate) async fn acquire_checked(
+        self: &Arc<Self>,
+        key: LockKey,
+        mode: LockMode,
+        timeout: Option<Duration>,
+    ) -> Result<LockGuard> {
+        self.refuse_nested(&key)?;
+        self.acquire(&key, mode, timeout).await
+    }
+
+    /// [`LockManagerExt::try_acquire`](crate::LockManagerExt::try_acquire) in `mode`.
+    pub(crate) async fn try_acquire_checked(
+        self: &Arc<Self>,
+        key: LockKey,
+        mode: LockMode,
+    ) -> Result<Option<LockGuard>> {
+        self.refuse_nested(&key)?;
+        self.try_acquire(&key, mode).await
+    }
+
+    /// Inside the critical section of `key`, waiting would wait for itself.
+    fn refuse_nested(&self, key: &LockKey) -> Result<()> {
+        if crate::scope::is_inside(self.holder_id(), key) {
+            return Err(Error::Reentrant { key: key.clone() });
+        }
+        Ok(())
+    }
+}
+
+/// The inherent `acquire`, `acquire_shared`, `try_acquire` and `try_acquire_shared` of a
+/// manager type that wraps `core: Arc<Core<_>>`. Method calls on the concrete type pick these
+/// over [`LockManagerExt`](crate::LockManagerExt)'s, which stay for generic and `dyn` callers.
+macro_rules! direct_acquisitions {
+    ($manager:ty) => {
+        impl $manager {
+            /// Waits for the exclusive lock on `key` and hands back its guard: exactly
+            /// [`LockManagerExt::acquire`]($crate::LockManagerExt::acquire), without boxing the
+            /// call as the object-safe [`LockManager`]($crate::LockManager) port must.
+            ///
+            /// # Errors
+            ///
+            /// [`Error::Timeout`]($crate::Error::Timeout) when the deadline passes first;
+            /// [`Error::Reentrant`]($crate::Error::Reentrant) inside a critical section on
+            /// `key`; otherwise the backend's failures (see [`Error`]($crate::Error)).
+            ///
+            /// # Cancel safety
+            ///
+            /// Cancel safe: if the future is dropped, the lock is either not taken or released.
+            pub async fn acquire(
+                &self,
+                key: impl Into<$crate::LockKey>,
+                timeout: Option<std::time::Duration>,
+            ) -> $crate::Result<$crate::LockGuard> {
+                let key = key.into();
+                self.core
+                    .acquire_checked(key, $crate::LockMode::Exclusive, timeout)
+                    .await
+            }
+
+            /// Waits for `key` in shared mode: exactly
+            /// [`LockManagerExt::acquire_shared`]($crate::LockManagerExt::acquire_shared),
+            /// unboxed.
+            ///
+            /// # Errors
+            ///
+            /// As for [`acquire`](Self::acquire).
+            ///
+            /// # Cancel safety
+            ///
+            /// Cancel safe: if the future is dropped, the lock is either not taken or released.
+            pub async fn acquire_shared(
+                &self,
+                key: impl Into<$crate::LockKey>,
+                timeout: Option<std::time::Duration>,
+            ) -> $crate::Result<$crate::LockGuard> {
+                let key = key.into();
+                self.core
+                    .acquire_checked(key, $crate::LockMode::Shared, timeout)
+                    .await
+            }
+
+            /// Takes the exclusive lock on `key` if it is free right now: exactly
+            /// [`LockManagerExt::try_acquire`]($crate::LockManagerExt::try_acquire), unboxed.
+            ///
+            /// # Errors
+            ///
+            /// Failures are errors, never `None`;
+            /// [`Error::Reentrant`]($crate::Error::Reentrant) inside a critical section on
+            /// `key`.
+            ///
+            /// # Cancel safety
+            ///
+            /// Cancel safe: if the future is dropped, the lock is either not taken or released.
+            pub async fn try_acquire(
+                &self,
+                key: impl Into<$crate::LockKey>,
+            ) -> $crate::Result<Option<$crate::LockGuard>> {
+                let key = key.into();
+                self.core
+                    .try_acquire_checked(key, $crate::LockMode::Exclusive)
+                    .await
+            }
+
+            /// Takes `key` in shared mode if no one holds it exclusively right now: exactly
+            /// [`LockManagerExt::try_acquire_shared`]($crate::LockManagerExt::try_acquire_shared),
+            /// unboxed.
+            ///
+            /// # Errors
+            ///
+            /// As for [`try_acquire`](Self::try_acquire).
+            ///
+            /// # Cancel safety
+            ///
+            /// Cancel safe: if the future is dropped, the lock is either not taken or released.
+            pub async fn try_acquire_shared(
+                &self,
+                key: impl Into<$crate::LockKey>,
+            ) -> $crate::Result<Option<$crate::LockGuard>> {
+                let key = key.into();
+                self.core
+                    .try_acquire_checked(key, $crate::LockMode::Shared)
+                    .await
+            }
+        }
+    };
+}
+pub(crate) use direct_acquisitions;
