@@ -53,6 +53,9 @@ use crate::{Error, LockGuard, LockInfo, LockKey, LockMode, LockTarget, LossCause
 /// cheap, seeded mix instead of SipHash, which costs more than the rest of a lookup.
 pub(crate) type FastHash = foldhash::fast::RandomState;
 
+/// A test hook's pause at one stage of an operation.
+type Checkpoint = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
 /// One acquisition request, as the backend sees it.
 #[derive(Debug)]
 pub(crate) struct Request<'a> {
@@ -260,10 +263,11 @@ impl<B: Backend> Core<B> {
         self.state().held.contains_key(key)
     }
 
-    async fn checkpoint(&self, stage: Stage, key: &LockKey) {
-        if let Some(hook) = &self.hook {
-            hook(stage, &key.to_string()).await;
-        }
+    /// The test hook's pause at `stage`, if a hook is installed. A plain function, so that
+    /// without one (always, outside tests) no future is made at all:
+    /// `if let Some(pause) = self.checkpoint(..) { pause.await }`.
+    fn checkpoint(&self, stage: Stage, key: &LockKey) -> Option<Checkpoint> {
+        self.hook.as_ref().map(|hook| hook(stage, &key.to_string()))
     }
 
     pub(crate) async fn acquire(
@@ -312,7 +316,9 @@ impl<B: Backend> Core<B> {
 
     async fn acquire_traced(self: &Arc<Self>, request: &Request<'_>) -> Result<LockGuard> {
         let key = request.key;
-        self.checkpoint(Stage::Turn, key).await;
+        if let Some(pause) = self.checkpoint(Stage::Turn, key) {
+            pause.await;
+        }
         let turn = self.state().turn(key);
         let (permit, handoff) = if request.is_immediate() {
             (turn.try_take().ok_or_else(|| request.timed_out())?, None)
@@ -332,7 +338,9 @@ impl<B: Backend> Core<B> {
             },
             None => {
                 let slot = self.reserve(request)?;
-                self.checkpoint(Stage::Server, key).await;
+                if let Some(pause) = self.checkpoint(Stage::Server, key) {
+                    pause.await;
+                }
                 let (session, token) = self.backend.lock(request).await?;
                 Granted {
                     session,
@@ -343,7 +351,9 @@ impl<B: Backend> Core<B> {
                 }
             }
         };
-        self.checkpoint(Stage::Register, key).await;
+        if let Some(pause) = self.checkpoint(Stage::Register, key) {
+            pause.await;
+        }
         Ok(self.guard(request, granted, permit).await)
     }
 
@@ -414,13 +424,17 @@ impl<B: Backend> Core<B> {
         request: &Request<'_>,
     ) -> Result<Option<LockGuard>> {
         let key = request.key;
-        self.checkpoint(Stage::Turn, key).await;
+        if let Some(pause) = self.checkpoint(Stage::Turn, key) {
+            pause.await;
+        }
         let turn = self.state().turn(key);
         let Some(permit) = turn.try_take() else {
             return Ok(None);
         };
         let slot = self.reserve(request)?;
-        self.checkpoint(Stage::Server, key).await;
+        if let Some(pause) = self.checkpoint(Stage::Server, key) {
+            pause.await;
+        }
         let Some((session, token)) = self.backend.try_lock(request).await? else {
             return Ok(None);
         };
@@ -431,7 +445,9 @@ impl<B: Backend> Core<B> {
             since: Instant::now(),
             handoffs: 0,
         };
-        self.checkpoint(Stage::Register, key).await;
+        if let Some(pause) = self.checkpoint(Stage::Register, key) {
+            pause.await;
+        }
         Ok(Some(self.guard(request, granted, permit).await))
     }
 

@@ -318,7 +318,9 @@ impl<B: Backend> Core<B> {
         span.record(telemetry::MODE, held.mode.as_str());
         self.metrics
             .hold_time(held.mode, held.registered_at.elapsed());
-        self.checkpoint(Stage::Unlock, key).await;
+        if let Some(pause) = self.checkpoint(Stage::Unlock, key) {
+            pause.await;
+        }
         let Held {
             target,
             mode,

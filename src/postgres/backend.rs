@@ -49,10 +49,14 @@ impl PgBackend {
         let mut retries = 2;
         loop {
             let deadline = req.deadline.filter(|_| !req.is_immediate());
-            let session = match self.sessions.get(deadline).await {
-                Ok(session) => session,
-                Err(Unavailable::Deadline) => return Err(req.timed_out()),
-                Err(Unavailable::Failed(failure)) => return Err(failure.into_error(req.key)),
+            let session = match self.sessions.open_one() {
+                Some(session) => session,
+                // None open: boxed, as the rare path, so the usual one's future stays small.
+                None => match Box::pin(self.sessions.get(deadline)).await {
+                    Ok(session) => session,
+                    Err(Unavailable::Deadline) => return Err(req.timed_out()),
+                    Err(Unavailable::Failed(failure)) => return Err(failure.into_error(req.key)),
+                },
             };
             match session.try_lock(req.target, req.mode, deadline).await {
                 Ok(granted) => {

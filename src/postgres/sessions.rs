@@ -94,6 +94,13 @@ impl LockSessions {
         )
     }
 
+    /// The usual case of [`get`](Self::get), with no future to build: an open session, if
+    /// there is one.
+    pub(crate) fn open_one(&self) -> Option<Arc<LockSession>> {
+        let mut state = self.inner.state();
+        self.inner.pick(&mut state)
+    }
+
     /// How many lock sessions are open.
     pub(crate) fn open_count(&self) -> usize {
         self.inner.state().live.len()
@@ -115,13 +122,6 @@ impl LockSessions {
         // Only openings started after this call count: an older one may have failed for a
         // reason that no longer holds.
         let mut attempts_before = None;
-        // The usual case first: a session is open. No waiting is set up for it.
-        {
-            let mut state = self.inner.state();
-            if let Some(best) = self.inner.pick(&mut state) {
-                return Ok(best);
-            }
-        }
         loop {
             let changed = self.inner.changed.notified();
             tokio::pin!(changed);

@@ -18,7 +18,7 @@ pub const DEFAULT_LIBS: [&str; 4] = ["pglock", "pglock_defaultpool", "sqlx_raw",
 pub const USAGE: &str = "\
 lockbench: advisory-lock benchmark for pglock next to its floors (docs/benchmarks.md).
 
-    cargo bench --bench lockbench -- [flags]
+    cargo bench -p pglock-bench --bench lockbench -- [flags]
     target/release/deps/lockbench-<hash> [flags]
 
 Workload flags:

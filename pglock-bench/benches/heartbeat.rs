@@ -1,6 +1,6 @@
 //! What it costs to know that held locks are still held, as the server's lock table fills.
 //!
-//! `cargo bench --bench heartbeat` (against `DATABASE_URL`, or a throwaway server) times, with
+//! `cargo bench -p pglock-bench --bench heartbeat` (against `DATABASE_URL`, or a throwaway server) times, with
 //! 0, 1,000 and 10,000 advisory locks held by one session:
 //!
 //! * the heartbeat pglock sends a session that holds locks: a protocol `Sync` on that session;

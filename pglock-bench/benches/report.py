@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Runs the lockbench binary several times, tabulates the results and draws them.
 
-    python3 benches/report.py [--reps 3] [--baseline sqlx_raw] [--out report.md] \
+    python3 pglock-bench/benches/report.py [--reps 3] [--baseline sqlx_raw] [--out report.md] \
         [--jsonl results.jsonl] [--charts DIR] [--chart-prefix P] -- [lockbench flags...]
-    python3 benches/report.py --from a.jsonl [b.jsonl ...] [--charts DIR] ...
+    python3 pglock-bench/benches/report.py --from a.jsonl [b.jsonl ...] [--charts DIR] ...
 
 Each rep is one run of the binary, in which every library runs every workload, libraries
 alternating workload by workload. `--from` reads result lines saved earlier (by `--jsonl`)
@@ -30,7 +30,8 @@ written only when its workload is in the lines:
 
 `--charts-only LIST` limits which are written (throughput,w4-keys,w5-tasks,latency).
 
-Standard library only. The binary is built with `cargo bench --no-run` unless --bin is given.
+Standard library only. The binary is built with `cargo bench -p pglock-bench --bench lockbench --no-run` unless --bin
+is given.
 """
 
 import argparse
@@ -46,7 +47,8 @@ from xml.sax.saxutils import escape
 
 def bench_binary():
     out = subprocess.run(
-        ["cargo", "bench", "--bench", "lockbench", "--no-run", "--message-format=json"],
+        ["cargo", "bench", "-p", "pglock-bench", "--bench", "lockbench", "--no-run",
+         "--message-format=json"],
         check=True, capture_output=True, text=True,
     ).stdout
     exe = None

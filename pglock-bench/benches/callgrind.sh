@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Client-side cost per operation, in instructions, measured with valgrind's callgrind.
 #
-#   benches/callgrind.sh [--dsn URL] [--libs pglock,sqlx_raw] [--workloads W1_same,W2_try_held]
-#                        [--cycles-lo 200] [--cycles-hi 1200] [-- extra lockbench flags]
+#   pglock-bench/benches/callgrind.sh [--dsn URL] [--libs pglock,sqlx_raw] [--workloads W1_same,W2_try_held]
+#                        [--cycles-lo 200] [--cycles-hi 1200] [--features metrics]
+#                        [-- extra lockbench flags]
 #
 # For every lib and workload it runs the lockbench binary twice under callgrind in its
 # fixed-cycle mode (`--cycles N`: exactly N timed ops after `--warmup-cycles` untimed ones, no
@@ -25,6 +26,7 @@ LIBS="pglock,pglock_defaultpool,sqlx_raw,sqlx_advisory"
 WORKLOADS="W1_same,W2_try_held"
 LO=200
 HI=1200
+FEATURES=""
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -33,6 +35,7 @@ while [ $# -gt 0 ]; do
     --workloads) WORKLOADS="$2"; shift 2;;
     --cycles-lo) LO="$2"; shift 2;;
     --cycles-hi) HI="$2"; shift 2;;
+    --features) FEATURES="$2"; shift 2;;
     --) shift; EXTRA=("$@"); break;;
     -h|--help) sed -n '2,17p' "$0"; exit 0;;
     *) echo "callgrind.sh: unknown argument $1" >&2; exit 2;;
@@ -40,9 +43,10 @@ while [ $# -gt 0 ]; do
 done
 command -v valgrind >/dev/null || { echo "callgrind.sh: valgrind not found" >&2; exit 2; }
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 # Build (or reuse) the optimised bench binary and find its path.
-BIN="$(cargo bench --bench lockbench --no-run --message-format=json 2>/dev/null \
+BIN="$(cargo bench -p pglock-bench --bench lockbench --no-run ${FEATURES:+--features "$FEATURES"} \
+  --message-format=json 2>/dev/null \
   | sed -n 's/.*"executable":"\([^"]*lockbench[^"]*\)".*/\1/p' | tail -1)"
 [ -x "$BIN" ] || { echo "callgrind.sh: could not build the lockbench binary" >&2; exit 1; }
 

@@ -1,6 +1,6 @@
-//! `cargo bench --bench lockbench -- [flags]`: pglock next to its floors (one JSON line per
+//! `cargo bench -p pglock-bench --bench lockbench -- [flags]`: pglock next to its floors (one JSON line per
 //! workload and library on stdout, logs on stderr, exit 1 when any correctness check failed).
-//! `benches/report.py` runs it several times and tabulates the results. See
+//! `pglock-bench/benches/report.py` runs it several times and tabulates the results. See
 //! `docs/benchmarks.md`.
 
 #[path = "lockbench/cli.rs"]
