@@ -173,8 +173,8 @@ impl LockGuard {
     /// that holds the lock is closed. The lock is never left held.
     pub async fn release(mut self) -> Result<()> {
         match self.exit.take() {
-            Some(Exit::Postgres(guard)) => guard.release().await,
-            Some(Exit::Memory(guard)) => guard.release().await,
+            Some(Exit::Postgres(guard)) => guard.release(&self.loss).await,
+            Some(Exit::Memory(guard)) => guard.release(&self.loss).await,
             Some(Exit::Custom(backend)) => backend.release().await,
             None => Ok(()),
         }

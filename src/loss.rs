@@ -278,3 +278,31 @@ impl fmt::Debug for LossSignal {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The token is made on first demand; whichever comes first, the token or the loss, a token
+    // of a lost signal is cancelled.
+    #[test]
+    fn a_token_asked_for_after_the_loss_is_cancelled_already() {
+        let signal = LossSignal::new();
+        assert!(signal.declare(LossCause::Simulated));
+        assert!(signal.token().is_cancelled());
+    }
+
+    #[test]
+    fn a_token_asked_for_before_the_loss_is_cancelled_by_it() {
+        let signal = LossSignal::new();
+        let token = signal.token();
+        assert!(!token.is_cancelled());
+        assert!(signal.declare(LossCause::Simulated));
+        assert!(token.is_cancelled());
+        assert!(
+            !signal.declare(LossCause::Released),
+            "the first cause stays"
+        );
+        assert_eq!(signal.cause(), Some(LossCause::Simulated));
+    }
+}

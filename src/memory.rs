@@ -165,6 +165,16 @@ impl InMemoryLockManagerBuilder {
         self
     }
 
+    /// Whether to record the [metrics](crate::telemetry::metrics). Off, the manager makes no
+    /// instruments and reads the clock only for deadlines (and for spans a subscriber wants),
+    /// as it does without the `metrics` feature. Default: on.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn metrics(mut self, enabled: bool) -> Self {
+        self.common.meter.disabled = !enabled;
+        self
+    }
+
     /// Puts the holder id on every metric series as the `pglock.holder_id` attribute. Turn it
     /// on only when holder ids are few and stable: each distinct id is a new set of series
     /// (see [`telemetry::metrics`](crate::telemetry::metrics#cardinality)). Default: off.

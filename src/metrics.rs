@@ -31,11 +31,13 @@ struct Instruments {
     holder: Option<opentelemetry::KeyValue>,
 }
 
-/// What a builder was told about metrics: which meter (none: the global one), and whether to
-/// put the holder id on every series. Nothing at all without the `metrics` feature.
+/// What a builder was told about metrics: none at all, which meter (none: the global one),
+/// and whether to put the holder id on every series. Nothing at all without the `metrics`
+/// feature.
 #[cfg(feature = "metrics")]
 #[derive(Default)]
 pub(crate) struct MeterChoice {
+    pub(crate) disabled: bool,
     pub(crate) meter: Option<opentelemetry::metrics::Meter>,
     pub(crate) holder_id: bool,
 }
@@ -60,6 +62,10 @@ impl Metrics {
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn build(choice: MeterChoice, holder_id: &str) -> Self {
         #[cfg(feature = "metrics")]
+        if choice.disabled {
+            return Self::default();
+        }
+        #[cfg(feature = "metrics")]
         return Self::new(
             &choice
                 .meter
@@ -68,6 +74,15 @@ impl Metrics {
         );
         #[cfg(not(feature = "metrics"))]
         Self::default()
+    }
+
+    /// Whether there are instruments to feed: durations measured only for them are not
+    /// measured otherwise.
+    pub(crate) fn is_on(&self) -> bool {
+        #[cfg(feature = "metrics")]
+        return self.instruments.is_some();
+        #[cfg(not(feature = "metrics"))]
+        false
     }
 
     #[cfg(feature = "metrics")]

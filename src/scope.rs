@@ -10,6 +10,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::LockKey;
 
@@ -24,8 +25,17 @@ struct Frame {
     outer: Option<Arc<Frame>>,
 }
 
+/// Set for good by the first critical section of the process: until then no caller can be
+/// inside one, and the task-local lookup (on every acquisition) is skipped.
+static ANY_SECTION: AtomicBool = AtomicBool::new(false);
+
 /// True when the caller runs inside a critical section of `holder` on `key`.
 pub(crate) fn is_inside(holder: &str, key: &LockKey) -> bool {
+    // Relaxed suffices: a section is entered by the task that polls it, so a caller inside one
+    // runs after the store, in the same thread or after a hand-over that synchronises.
+    if !ANY_SECTION.load(Ordering::Relaxed) {
+        return false;
+    }
     SECTION
         .try_with(|section| {
             let mut frame = section.as_deref();
@@ -46,6 +56,7 @@ pub(crate) fn inside<F: Future>(
     key: LockKey,
     body: F,
 ) -> impl Future<Output = F::Output> {
+    ANY_SECTION.store(true, Ordering::Relaxed);
     let outer = SECTION.try_with(Clone::clone).ok().flatten();
     let frame = Arc::new(Frame { holder, key, outer });
     SECTION.scope(Some(frame), body)

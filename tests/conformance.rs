@@ -19,6 +19,26 @@ mod postgres {
     });
 }
 
+// With no span wanted and no metrics kept, the managers take their quiet path (no clock read
+// but a deadline's, nothing recorded), which is what a build without the `metrics` feature runs.
+mod in_memory_quiet {
+    pglock_testing::conformance_tests!(|| async {
+        pglock::InMemoryLockManager::builder()
+            .tracing(false)
+            .metrics(false)
+            .build()
+    });
+}
+
+mod postgres_quiet {
+    pglock_testing::conformance_tests!(|| async {
+        pglock::PostgresLockManager::builder(crate::common::pool(4).await)
+            .tracing(false)
+            .metrics(false)
+            .build()
+    });
+}
+
 #[tokio::test]
 async fn run_all_runs_every_case_on_a_shared_server() {
     let server = pglock::InMemoryLockServer::new();

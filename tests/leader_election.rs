@@ -944,16 +944,16 @@ impl Tables {
     async fn create(&self, db: &PgPool) {
         for ddl in [
             format!(
-                "CREATE TABLE {} (seq bigserial PRIMARY KEY, token bigint NOT NULL, \
+                "CREATE TABLE {} (seq bigint PRIMARY KEY, token bigint NOT NULL, \
                  candidate text NOT NULL, accepted boolean NOT NULL, \
                  at timestamptz NOT NULL DEFAULT clock_timestamp())",
                 self.log
             ),
             format!(
-                "CREATE TABLE {} (id int PRIMARY KEY, token bigint NOT NULL)",
+                "CREATE TABLE {} (id int PRIMARY KEY, token bigint NOT NULL, writes bigint NOT NULL)",
                 self.fence
             ),
-            format!("INSERT INTO {} VALUES (1, 0)", self.fence),
+            format!("INSERT INTO {} VALUES (1, 0, 0)", self.fence),
         ] {
             sqlx::query(AssertSqlSafe(ddl))
                 .execute(db)
@@ -973,16 +973,18 @@ impl Tables {
             .expect("drop");
     }
 
-    /// One fenced write, in one statement: the fence row moves up to `token` only if it is not
-    /// above it already (the row lock orders concurrent writers, and the check is re-done after
-    /// waiting for it), and the attempt is logged with its verdict. Accepted entries are
-    /// numbered while the fence row is locked, so their `seq` order is their commit order.
+    /// One fenced write, in one statement: the fence row moves up to `token` unless it is above
+    /// it already, and the attempt is logged with its verdict (accepted: the fence did not stand
+    /// above `token`). Every attempt, accepted or not, takes the fence row's lock and numbers
+    /// itself there, so `seq` order is the order in which the fence judged them. (A `bigserial`
+    /// would not do: its number is drawn before the statement waits for the row lock, so a
+    /// rejected attempt could be numbered before the write that caused its rejection.)
     async fn fenced_write(&self, db: &PgPool, token: i64, candidate: &str) -> bool {
         let statement = format!(
-            "WITH fence AS (UPDATE {fence} SET token = $1 WHERE id = 1 AND token <= $1 \
-             RETURNING token) \
-             INSERT INTO {log} (token, candidate, accepted) \
-             SELECT $1, $2, EXISTS (SELECT 1 FROM fence) RETURNING accepted",
+            "WITH fence AS (UPDATE {fence} SET token = GREATEST(token, $1), writes = writes + 1 \
+             WHERE id = 1 RETURNING writes, token = $1 AS accepted) \
+             INSERT INTO {log} (seq, token, candidate, accepted) \
+             SELECT writes, $1, $2, accepted FROM fence RETURNING accepted",
             fence = self.fence,
             log = self.log
         );

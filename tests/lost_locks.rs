@@ -88,8 +88,13 @@ async fn a_terminated_holder_is_reported_within_an_interval_every_time() {
         latencies[0]
     );
     // One interval plus a round trip, with room for a noisy CI machine; a missed probe would
-    // show up as about two intervals.
-    let bound = PROBE + Duration::from_millis(50);
+    // show up as about two intervals. Nine trials in ten within 50 ms of room; the slowest,
+    // which on a two-core machine running the whole suite was seen at 165 and 174 ms, within
+    // 90 ms, still short of a missed probe's two intervals.
+    let p90 = latencies[trials * 9 / 10];
+    let typical = PROBE + Duration::from_millis(50);
+    assert!(p90 <= typical, "p90 detection {p90:?} exceeds {typical:?}");
+    let bound = PROBE + Duration::from_millis(90);
     assert!(max <= bound, "slowest detection {max:?} exceeds {bound:?}");
     assert_eq!(locks.held_lock_count(), 0);
 }
@@ -389,4 +394,56 @@ async fn held_locks_are_watched_through_their_own_sessions_with_no_connection_of
     for guard in guards {
         guard.release().await.expect("release");
     }
+}
+
+/// A lock whose session ends between the grant and its registration (the holder's backend is
+/// terminated while the acquisition is parked just before registering) is reported lost once
+/// it is registered: its session has ended already and will not end again, so nothing would
+/// report it later.
+#[tokio::test]
+async fn a_session_that_ends_before_its_lock_is_registered_is_reported() {
+    use common::hooked::BuildHooked as _;
+    use pglock_testing::{Stage, pause_at};
+
+    let observer = observer().await;
+    let (hook, pause) = pause_at(Stage::Register);
+    let locks = PostgresLockManager::builder(pool_named(4, &app_name("unregistered")).await)
+        .holder_id("unregistered")
+        .probe_interval(PROBE)
+        .probe_grace(Duration::from_millis(300))
+        .build_with_stage_hook(hook);
+    // A lock taken and let go first starts the loss monitor, which then waits for sessions'
+    // ends: one that ends while the lock is parked unregistered finds nothing to report.
+    let warm_up = async {
+        pause.reached().await;
+        pause.resume();
+    };
+    let (held, ()) = tokio::join!(locks.acquire(key("unregistered-first"), None), warm_up);
+    held.expect("acquire").release().await.expect("release");
+    pause.rearm();
+    let key = key("unregistered");
+    let steer = async {
+        pause.reached().await;
+        kill_holder(&observer, &key).await;
+        // The session's end is known to the manager once it stops counting the session.
+        eventually("the ended session is dropped", || async {
+            locks.lock_session_count() == 0
+        })
+        .await;
+        pause.resume();
+    };
+    let (acquired, ()) = tokio::join!(locks.acquire(&key, None), steer);
+    let guard = acquired.expect("granted before its session ended");
+    let cause = tokio::time::timeout(BOUND, guard.loss_signal().lost())
+        .await
+        .expect("the loss is signalled");
+    assert!(
+        matches!(cause, LossCause::NotOnServer | LossCause::SessionClosed),
+        "{cause:?}"
+    );
+    assert!(!locks.is_held(&key).await, "the registry forgot it");
+    assert!(
+        guard.release().await.is_err(),
+        "a lost lock's release says so"
+    );
 }

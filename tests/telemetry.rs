@@ -439,3 +439,54 @@ async fn a_lost_lock_emits_a_lost_span_with_its_cause() {
     let release = spans_named(&spans, telemetry::RELEASE_SPAN, &key, 1)[0];
     assert_eq!(str_attr(release, telemetry::OUTCOME), Some(outcome::LOST));
 }
+
+/// What a `fmt` subscriber writes, kept for the test to read.
+#[derive(Clone, Default)]
+struct Written(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Written {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Where nobody wants the spans (a subscriber that takes warnings only) and no metrics are
+/// kept, the manager takes its quiet path, which reads no clock and records nothing: a failed
+/// acquisition is still a warning there.
+#[tokio::test(flavor = "current_thread")]
+async fn a_failed_acquisition_warns_where_no_span_is_wanted() {
+    let written = Written::default();
+    let writer = written.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    let locks = pglock::InMemoryLockManager::builder()
+        .lock_budget(1)
+        .metrics(false)
+        .build();
+    let held = locks.acquire("warned-first", None).await.expect("acquire");
+    let blocking = locks
+        .acquire("warned-second", None)
+        .await
+        .expect_err("over budget");
+    let trying = locks
+        .try_acquire("warned-second")
+        .await
+        .expect_err("over budget");
+    for err in [&blocking, &trying] {
+        assert!(
+            matches!(err, pglock::Error::BudgetExhausted { .. }),
+            "{err:?}"
+        );
+    }
+    let out = String::from_utf8(written.0.lock().unwrap().clone()).expect("utf-8");
+    assert_eq!(out.matches("lock acquisition failed").count(), 2, "{out}");
+    assert_eq!(out.matches("warned-second").count(), 2, "{out}");
+    held.release().await.expect("release");
+}

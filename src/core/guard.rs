@@ -13,7 +13,6 @@ pub(crate) struct CoreGuard<B: Backend> {
     pub(super) key: LockKey,
     pub(super) lock_id: i64,
     pub(super) generation: u64,
-    pub(super) signal: LossSignal,
     /// False once the acquisition was handed to `release` or `leak`.
     pub(super) armed: bool,
 }
@@ -30,15 +29,15 @@ impl<B: Backend> std::fmt::Debug for CoreGuard<B> {
 
 impl<B: Backend> CoreGuard<B> {
     /// Releases the acquisition now; see [`LockGuard::release`](crate::LockGuard::release).
-    pub(crate) async fn release(mut self) -> Result<()> {
+    /// `signal` is the acquisition's, which the `LockGuard` holding this one carries.
+    pub(crate) async fn release(mut self, signal: &LossSignal) -> Result<()> {
         let mut recorder = self.core.release_outcome(&self.key, via::GUARD);
-        let span = recorder.span().clone();
         let held = self.core.forget_generation(&self.key, self.generation);
         self.armed = false;
         let Some(held) = held else {
-            span.record(telemetry::LOCK_ID, self.lock_id);
+            recorder.record(telemetry::LOCK_ID, self.lock_id);
             // Whoever took the entry out fired the signal first, under the registry lock.
-            let cause = self.signal.cause().unwrap_or(crate::LossCause::Released);
+            let cause = signal.cause().unwrap_or(crate::LossCause::Released);
             let ended = if cause.is_release() {
                 outcome::ALREADY_RELEASED
             } else {

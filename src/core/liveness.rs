@@ -33,14 +33,23 @@ impl Liveness {
     }
 
     /// A statement sent at `sent` was answered: the server heard from the session then.
-    pub(crate) fn heard(&self, sent: Instant) {
+    ///
+    /// Returns `sent` as this clock's reading (see [`reading`](Self::reading)), for a caller
+    /// that keeps another time on the same clock.
+    pub(crate) fn heard(&self, sent: Instant) -> u64 {
         let us = micros(sent.saturating_duration_since(self.epoch));
         self.sent_us.fetch_max(us, Ordering::AcqRel);
+        us
     }
 
     /// When the latest answered statement was sent.
     pub(crate) fn last_heard(&self) -> Instant {
-        self.epoch + Duration::from_micros(self.sent_us.load(Ordering::Acquire))
+        self.reading(self.sent_us.load(Ordering::Acquire))
+    }
+
+    /// The moment a reading of this clock (microseconds since its epoch) stands for.
+    pub(crate) fn reading(&self, us: u64) -> Instant {
+        self.epoch + Duration::from_micros(us)
     }
 
     /// From when the server may have ended the session; `None`: never (no silence timeout).

@@ -43,6 +43,7 @@ pub(crate) use self::options::{CommonOptions, HandoffLimits, Options};
 pub(crate) use self::registry::Watched;
 use self::registry::{Granted, State};
 pub(crate) use self::slots::Slots;
+use self::spans::Outcome;
 use self::turn::TurnPermit;
 use crate::hooks::{Stage, StageHook};
 use crate::manager::{AcquireOptions, Wait};
@@ -266,6 +267,7 @@ impl<B: Backend> Core<B> {
     /// The test hook's pause at `stage`, if a hook is installed. A plain function, so that
     /// without one (always, outside tests) no future is made at all:
     /// `if let Some(pause) = self.checkpoint(..) { pause.await }`.
+    #[inline]
     fn checkpoint(&self, stage: Stage, key: &LockKey) -> Option<Checkpoint> {
         self.hook.as_ref().map(|hook| hook(stage, &key.to_string()))
     }
@@ -279,8 +281,9 @@ impl<B: Backend> Core<B> {
         let target = key.target();
         let lock_id = target.packed();
         let span = spans::acquire_span(self.tracing, key, lock_id, mode, timeout, self.holder_id());
-        let mut recorder = spans::outcome(span.clone());
-        let started = Instant::now();
+        let observed = !span.is_none() || self.metrics.is_on();
+        // The clock is read here only for a deadline, a span or a metric.
+        let started = (observed || timeout.is_some()).then(Instant::now);
         let request = Request {
             key,
             target,
@@ -288,23 +291,33 @@ impl<B: Backend> Core<B> {
             mode,
             timeout,
             // A timeout too long for the clock (`Duration::MAX`) is waited out like none.
-            deadline: timeout.and_then(|t| started.checked_add(t)),
+            deadline: timeout.zip(started).and_then(|(t, at)| at.checked_add(t)),
         };
+        if !observed {
+            let result = self.acquire_traced(&request).await;
+            if let Err(err) = &result
+                && !err.is_timeout()
+            {
+                spans::warn_failed(None, err, "lock acquisition failed");
+            }
+            return result;
+        }
+        let mut recorder = Outcome::new(span.clone());
         // `Instrumented` costs a copy of the future and an enter and exit per poll, even of
         // `Span::none()`: skipped when nobody wants the span.
         let traced = self.acquire_traced(&request);
         let result = if span.is_none() {
             traced.await
         } else {
-            traced.instrument(span.clone()).await
+            traced.instrument(span).await
         };
-        let waited = started.elapsed();
-        span.record(crate::telemetry::WAITED_MS, spans::duration_ms(waited));
+        let waited = started.map_or(Duration::ZERO, |at| at.elapsed());
+        recorder.record(crate::telemetry::WAITED_MS, spans::duration_ms(waited));
         let ended = match &result {
             Ok(_) => outcome::ACQUIRED,
             Err(err) if err.is_timeout() => outcome::TIMEOUT,
             Err(err) => {
-                tracing::warn!(parent: &span, error = %err, "lock acquisition failed");
+                spans::warn_failed(recorder.span(), err, "lock acquisition failed");
                 outcome::ERROR
             }
         };
@@ -371,7 +384,6 @@ impl<B: Backend> Core<B> {
             key: request.key.clone(),
             lock_id: request.lock_id,
             generation,
-            signal: signal.clone(),
             armed: true,
         };
         LockGuard::with_exit(info, signal, B::exit(guard))
@@ -385,8 +397,6 @@ impl<B: Backend> Core<B> {
         let target = key.target();
         let lock_id = target.packed();
         let span = spans::try_acquire_span(self.tracing, key, lock_id, mode, self.holder_id());
-        let mut recorder = spans::outcome(span.clone());
-        let started = Instant::now();
         let request = Request {
             key,
             target,
@@ -395,17 +405,27 @@ impl<B: Backend> Core<B> {
             timeout: Some(Duration::ZERO),
             deadline: None,
         };
+        if span.is_none() && !self.metrics.is_on() {
+            // Nobody watches: no clock to read, nothing to record.
+            let result = self.try_acquire_traced(&request).await;
+            if let Err(err) = &result {
+                spans::warn_failed(None, err, "lock acquisition failed");
+            }
+            return result;
+        }
+        let mut recorder = Outcome::new(span.clone());
+        let started = Instant::now();
         let traced = self.try_acquire_traced(&request);
         let result = if span.is_none() {
             traced.await
         } else {
-            traced.instrument(span.clone()).await
+            traced.instrument(span).await
         };
         let ended = match &result {
             Ok(Some(_)) => outcome::ACQUIRED,
             Ok(None) => outcome::BUSY,
             Err(err) => {
-                tracing::warn!(parent: &span, error = %err, "lock acquisition failed");
+                spans::warn_failed(recorder.span(), err, "lock acquisition failed");
                 outcome::ERROR
             }
         };

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use tokio::time::Instant;
-use tracing::{Instrument, Span};
+use tracing::Instrument;
 
 use super::spans::{self, Outcome};
 use super::turn::{Handoff, Turn, TurnPermit};
@@ -77,15 +77,17 @@ impl<S: Send + 'static> State<S> {
     }
 
     pub(super) fn take_generation(&mut self, key: &LockKey, generation: u64) -> Option<Held<S>> {
-        match self.held.get(key) {
-            Some(held) if held.generation == generation => {
-                // Whatever follows (a release, a handoff, a declared loss), the session's
-                // later silence is not this acquisition's loss.
-                held.signal.settle();
-                self.held.remove(key)
-            }
-            _ => None,
+        // Removed first and put back if it is another acquisition's (rare: a guard outliving a
+        // release of its key), so the usual case looks the key up once.
+        let held = self.held.remove(key)?;
+        if held.generation != generation {
+            self.held.insert(key.clone(), held);
+            return None;
         }
+        // Whatever follows (a release, a handoff, a declared loss), the session's later
+        // silence is not this acquisition's loss.
+        held.signal.settle();
+        Some(held)
     }
 }
 
@@ -120,15 +122,14 @@ impl<B: Backend> Core<B> {
         let session_ended = {
             let mut state = self.state();
             // Holding the key's turn makes this the only live acquisition of the key here.
+            // Checked under the registry lock, which the loss detector takes to look: a session
+            // that ends from now on finds the lock in the registry; one that ended before is
+            // reported here.
+            let ended = B::ended(&held.session).is_some();
             let previous = state.held.insert(request.key.clone(), held);
             debug_assert!(previous.is_none(), "two live acquisitions of one key");
             self.set_held(state.held.len());
-            // Checked once registered: a session that ends from now on finds the lock in the
-            // registry; one that ended before is reported here.
-            state
-                .held
-                .get(request.key)
-                .is_some_and(|held| B::ended(&held.session).is_some())
+            ended
         };
         B::watch(self, session_ended);
         (generation, signal)
@@ -242,11 +243,8 @@ impl<B: Backend> Core<B> {
 
     pub(crate) async fn release(&self, key: &LockKey) -> Result<()> {
         let mut recorder = self.release_outcome(key, via::KEY);
-        let span = recorder.span().clone();
         let Some(held) = self.forget(key) else {
-            if self.tracing {
-                span.record(telemetry::LOCK_ID, key.target().packed());
-            }
+            recorder.record(telemetry::LOCK_ID, key.target().packed());
             recorder.finish(outcome::NOT_HELD, false);
             return Err(Error::NotHeld { key: key.clone() });
         };
@@ -282,13 +280,10 @@ impl<B: Backend> Core<B> {
         how: &'static str,
     ) -> Result<()> {
         let mut recorder = self.release_outcome(key, how);
-        let span = recorder.span().clone();
         match self.forget_generation(key, generation) {
             Some(held) => self.unlock(key, held, recorder).await,
             None => {
-                if self.tracing {
-                    span.record(telemetry::LOCK_ID, key.target().packed());
-                }
+                recorder.record(telemetry::LOCK_ID, key.target().packed());
                 recorder.finish(outcome::ALREADY_RELEASED, false);
                 Ok(())
             }
@@ -296,12 +291,7 @@ impl<B: Backend> Core<B> {
     }
 
     pub(super) fn release_outcome(&self, key: &LockKey, how: &'static str) -> Outcome {
-        spans::outcome(spans::release_span(
-            self.tracing,
-            key,
-            self.holder_id(),
-            how,
-        ))
+        spans::release(self.tracing, key, self.holder_id(), how)
     }
 
     /// Lets go of a lock the registry has already forgotten: hands it to the next local waiter
@@ -313,11 +303,12 @@ impl<B: Backend> Core<B> {
         held: Held<B::Session>,
         mut recorder: Outcome,
     ) -> Result<()> {
-        let span: Span = recorder.span().clone();
-        span.record(telemetry::LOCK_ID, held.target.packed());
-        span.record(telemetry::MODE, held.mode.as_str());
-        self.metrics
-            .hold_time(held.mode, held.registered_at.elapsed());
+        recorder.record(telemetry::LOCK_ID, held.target.packed());
+        recorder.record(telemetry::MODE, held.mode.as_str());
+        if self.metrics.is_on() {
+            self.metrics
+                .hold_time(held.mode, held.registered_at.elapsed());
+        }
         if let Some(pause) = self.checkpoint(Stage::Unlock, key) {
             pause.await;
         }
@@ -331,8 +322,9 @@ impl<B: Backend> Core<B> {
             handoffs,
             ..
         } = held;
+        // The clock is read only when there is someone to hand over to.
         let within_limits = self.handoff.is_some_and(|limits| {
-            handoffs < limits.max_handoffs && since.elapsed() < limits.max_hold
+            handoffs < limits.max_handoffs && turn.is_awaited() && since.elapsed() < limits.max_hold
         });
         let (turn, session, slot) = if within_limits {
             let handoff = Handoff {
@@ -353,17 +345,16 @@ impl<B: Backend> Core<B> {
             (turn, session, slot)
         };
         let unlock = self.backend.unlock(key, target, mode, session);
-        let result = if span.is_none() {
-            unlock.await
-        } else {
-            unlock.instrument(span.clone()).await
+        let result = match recorder.span() {
+            None => unlock.await,
+            Some(span) => unlock.instrument(span.clone()).await,
         };
         // The place in the budget comes back once the server has let the lock go.
         drop((slot, turn));
         match &result {
             Ok(()) => recorder.finish(outcome::RELEASED, false),
             Err(err) => {
-                tracing::warn!(parent: &span, error = %err, "lock release unconfirmed");
+                spans::warn_failed(recorder.span(), err, "lock release unconfirmed");
                 recorder.finish(outcome::ERROR, true);
             }
         }

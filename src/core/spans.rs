@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tracing::{Span, field::Empty};
 
-use crate::telemetry;
+use crate::telemetry::{self, SpanOutcome};
 use crate::{LockKey, LockMode};
 
 pub(crate) fn acquire_span(
@@ -16,7 +16,7 @@ pub(crate) fn acquire_span(
     timeout: Option<Duration>,
     holder_id: &str,
 ) -> Span {
-    if !enabled {
+    if !wanted(enabled) {
         return Span::none();
     }
     let span = only_if_wanted(tracing::info_span!(
@@ -43,7 +43,7 @@ pub(crate) fn try_acquire_span(
     mode: LockMode,
     holder_id: &str,
 ) -> Span {
-    if !enabled {
+    if !wanted(enabled) {
         return Span::none();
     }
     only_if_wanted(tracing::info_span!(
@@ -57,16 +57,17 @@ pub(crate) fn try_acquire_span(
     ))
 }
 
-/// The release span; the lock id and mode are recorded once the entry is known.
-pub(crate) fn release_span(
-    enabled: bool,
-    key: &LockKey,
-    holder_id: &str,
-    how: &'static str,
-) -> Span {
-    if !enabled {
-        return Span::none();
+/// The release's outcome recorder and its span; the lock id and mode are recorded once the
+/// entry is known.
+#[inline]
+pub(crate) fn release(enabled: bool, key: &LockKey, holder_id: &str, how: &'static str) -> Outcome {
+    if !wanted(enabled) {
+        return Outcome(None);
     }
+    Outcome::new(release_span(key, holder_id, how))
+}
+
+fn release_span(key: &LockKey, holder_id: &str, how: &'static str) -> Span {
     only_if_wanted(tracing::info_span!(
         telemetry::RELEASE_SPAN,
         { telemetry::KEY } = %key,
@@ -79,7 +80,16 @@ pub(crate) fn release_span(
     ))
 }
 
-/// `span`, or no span at all when no subscriber wants it. A disabled span still costs a check
+/// Whether the manager traces and any subscriber takes `INFO` spans at all: one atomic load,
+/// where making a span just to find it disabled costs a callsite check and, with `tracing`'s
+/// `log` feature (which sqlx turns on), a log record at its creation and drop.
+#[inline]
+fn wanted(enabled: bool) -> bool {
+    enabled && tracing::level_enabled!(tracing::Level::INFO)
+}
+
+/// `span`, or no span at all when no subscriber wants it (one may take `INFO` but filter this
+/// target out). A disabled span still costs a check
 /// (and, with `tracing`'s `log` feature, which sqlx turns on, a look at the `log` level) at
 /// every enter, exit and record of every poll; `Span::none()` costs nothing.
 fn only_if_wanted(span: Span) -> Span {
@@ -110,12 +120,45 @@ pub(crate) fn lost(
     tracing::warn!(parent: &span, %cause, "lock lost");
 }
 
-/// Records a span's outcome when an operation ends, and `cancelled` if it never does.
-pub(crate) type Outcome = crate::telemetry::SpanOutcome;
+/// A lock operation's outcome recorder: records [`telemetry::OUTCOME`] on its span when the
+/// operation ends, and `cancelled` if it never does. Without a span (nobody wants it) it holds
+/// nothing, and recording, finishing and dropping it cost a branch each.
+pub(crate) struct Outcome(Option<SpanOutcome>);
 
-/// A lock operation's outcome recorder: its span's outcome field is [`telemetry::OUTCOME`].
-pub(crate) fn outcome(span: Span) -> Outcome {
-    crate::telemetry::SpanOutcome::new(span, telemetry::OUTCOME)
+impl Outcome {
+    #[inline]
+    pub(crate) fn new(span: Span) -> Self {
+        Outcome((!span.is_none()).then(|| SpanOutcome::new(span, telemetry::OUTCOME)))
+    }
+
+    /// The span, if there is one.
+    #[inline]
+    pub(crate) fn span(&self) -> Option<&Span> {
+        self.0.as_ref().map(SpanOutcome::span)
+    }
+
+    #[inline]
+    pub(crate) fn record(&self, field: &'static str, value: impl tracing::Value) {
+        if let Some(span) = self.span() {
+            span.record(field, value);
+        }
+    }
+
+    #[inline]
+    pub(crate) fn finish(&mut self, outcome: &'static str, failed: bool) {
+        if let Some(recorder) = &mut self.0 {
+            recorder.finish(outcome, failed);
+        }
+    }
+}
+
+/// Warns that an operation failed: inside its span when it has one, else as a root event (a
+/// subscriber may take warnings and not spans).
+pub(crate) fn warn_failed(span: Option<&Span>, err: &crate::Error, what: &'static str) {
+    match span {
+        Some(span) => tracing::warn!(parent: span, error = %err, "{what}"),
+        None => tracing::warn!(parent: None, error = %err, "{what}"),
+    }
 }
 
 pub(crate) fn duration_ms(duration: Duration) -> f64 {

@@ -141,6 +141,11 @@ pub(crate) struct TurnPermit<S: Send + 'static> {
 }
 
 impl<S: Send + 'static> TurnPermit<S> {
+    /// Whether a local waiter is queued for the turn (a handoff is worth weighing).
+    pub(crate) fn is_awaited(&self) -> bool {
+        !self.turn.state().waiters.is_empty()
+    }
+
     /// Hands `handoff` (a session still holding the lock) and the turn to the next local waiter,
     /// if one is queued and wants the same mode; otherwise gives both back, the turn still
     /// owned.

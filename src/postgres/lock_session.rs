@@ -34,7 +34,7 @@
 //! | `task.rs` | the task: commands, settling, heartbeats, retirement |
 //! | `batch.rs` | queued tries and unlocks run as one statement |
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -147,9 +147,9 @@ struct Shared {
     context: Arc<SessionContext>,
     /// When the session was last heard; shared with the guards of its locks.
     liveness: Arc<Liveness>,
-    /// When the latest statement other than a heartbeat was sent: how long the session has
-    /// been idle (the clock is only read here, never its silence).
-    last_used: Liveness,
+    /// When the latest statement other than a heartbeat was sent, as a reading of `liveness`'s
+    /// clock (one conversion serves both): how long the session has been idle.
+    last_used: AtomicU64,
 }
 
 impl Shared {
@@ -235,7 +235,7 @@ impl LockSession {
             returned: Notify::new(),
             context,
             liveness,
-            last_used: Liveness::new(Instant::now(), Duration::MAX),
+            last_used: AtomicU64::new(0),
         });
         Arc::new_cyclic(|me: &Weak<LockSession>| {
             let task = Task {

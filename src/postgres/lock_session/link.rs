@@ -193,8 +193,8 @@ impl Link {
     pub(super) fn heard(&mut self, shared: &Shared, sent: Instant) {
         self.conn.mark_clean();
         self.conn.heard = sent;
-        shared.liveness.heard(sent);
-        shared.last_used.heard(sent);
+        let sent = shared.liveness.heard(sent);
+        shared.last_used.fetch_max(sent, Ordering::AcqRel);
     }
 }
 
