@@ -160,8 +160,10 @@ impl Task {
         let context = &self.shared.context;
         let held = self.shared.held.load(Ordering::SeqCst);
         let unavailable = self.shared.unavailable.load(Ordering::SeqCst);
-        let last_used =
-            (self.shared.liveness).reading(self.shared.last_used.load(Ordering::Acquire));
+        let last_used = self
+            .shared
+            .liveness
+            .reading(self.shared.last_used.load(Ordering::Acquire));
         let idle_until = (held == 0 && !unavailable)
             .then(|| self.last_active.max(last_used) + context.idle_timeout);
         // A session is kept heard while it holds locks, and while it is offered for new ones:
