@@ -249,36 +249,70 @@ impl LockKey {
 
 /// Names made into keys lately, with their lock ids, so that a key made again and again (a
 /// service locks the same keys all day, often from a `&str` each time) costs neither the
-/// SHA-256 nor an allocation. Direct-mapped: a name's slot is chosen by a cheap hash of its
-/// bytes, and a miss takes the slot over. The cache holds at most [`SLOTS`] names.
+/// SHA-256 nor an allocation. Two-way set-associative: a cheap hash of a name's bytes picks a
+/// set of two slots, a hit moves the name to the front of its set, and a miss takes over the
+/// slot of the name used longer ago. The process's cache holds at most 4,096 names.
 mod names {
     use std::sync::{Arc, Mutex};
 
     use super::Named;
 
-    const SLOTS: usize = 1024;
+    /// Sets of the process's cache. With two ways, a working set of a thousand names or two
+    /// stays cached: a set overflows only where three of them hash alike (a direct-mapped
+    /// cache of the same size evicts wherever two do, and thrashes well before it is full).
+    pub(super) const SETS: usize = 2048;
+    const WAYS: usize = 2;
 
-    static CACHE: [Mutex<Option<Arc<Named>>>; SLOTS] = [const { Mutex::new(None) }; SLOTS];
+    type Set = Mutex<[Option<Arc<Named>>; WAYS]>;
+
+    pub(super) struct Cache<const N: usize> {
+        sets: [Set; N],
+    }
+
+    static CACHE: Cache<SETS> = Cache::new();
 
     /// `name` with its id, shared with the keys made of it lately; `copy` makes the name's
     /// own copy when it is not cached.
     pub(super) fn intern(name: &str, copy: impl FnOnce() -> Box<str>) -> Arc<Named> {
-        let slot = &CACHE[slot_of(name.as_bytes())];
-        if let Some(cached) = &*crate::sync::lock(slot)
-            && *cached.name == *name
-        {
-            return Arc::clone(cached);
-        }
-        let named = Arc::new(Named {
-            id: super::lock_id(name),
-            name: copy(),
-        });
-        *crate::sync::lock(slot) = Some(Arc::clone(&named));
-        named
+        CACHE.intern(name, copy)
     }
 
-    /// FxHash of the bytes, folded to a slot.
-    pub(super) fn slot_of(bytes: &[u8]) -> usize {
+    impl<const N: usize> Cache<N> {
+        pub(super) const fn new() -> Self {
+            Cache {
+                sets: [const { Mutex::new([const { None }; WAYS]) }; N],
+            }
+        }
+
+        pub(super) fn intern(&self, name: &str, copy: impl FnOnce() -> Box<str>) -> Arc<Named> {
+            let set = &self.sets[set_of(name.as_bytes(), N)];
+            {
+                let mut ways = crate::sync::lock(set);
+                let hit = ways
+                    .iter()
+                    .position(|way| way.as_ref().is_some_and(|cached| *cached.name == *name));
+                if let Some(hit) = hit {
+                    ways[..=hit].rotate_right(1);
+                    return Arc::clone(ways[0].as_ref().expect("the hit was moved to the front"));
+                }
+            }
+            // Derived outside the lock: SHA-256 of a long name is the slow part.
+            let named = Arc::new(Named {
+                id: super::lock_id(name),
+                name: copy(),
+            });
+            let evicted = {
+                let mut ways = crate::sync::lock(set);
+                ways.rotate_right(1);
+                ways[0].replace(Arc::clone(&named))
+            };
+            drop(evicted);
+            named
+        }
+    }
+
+    /// FxHash of the bytes, folded to one of `sets` sets.
+    pub(super) fn set_of(bytes: &[u8], sets: usize) -> usize {
         const K: u64 = 0xf135_7aea_2e62_a9c5;
         let mut hash = bytes.len() as u64;
         let mut chunks = bytes.chunks_exact(8);
@@ -289,7 +323,8 @@ mod names {
         for &byte in chunks.remainder() {
             hash = (hash ^ u64::from(byte)).wrapping_mul(K).rotate_left(26);
         }
-        (hash.wrapping_mul(K) >> 54) as usize % SLOTS
+        // The high bits are the well-mixed ones.
+        (hash.wrapping_mul(K) >> 32) as usize % sets
     }
 }
 
@@ -391,17 +426,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names_sharing_a_cache_slot_keep_their_own_ids() {
-        // Two names that land in the same slot of the cache, made in turn, again and again:
-        // each key always carries its own name's id, and equal names give equal keys.
+    fn names_sharing_a_cache_set_keep_their_own_ids() {
+        // Three names that land in the same set of the process's cache (two ways), made in
+        // turn, again and again, so every make evicts another: each key always carries its
+        // own name's id, and equal names give equal keys.
         let first = "slot-probe-0".to_owned();
-        let slot = names::slot_of(first.as_bytes());
-        let second = (1..100_000)
+        let set = names::set_of(first.as_bytes(), names::SETS);
+        let mut names: Vec<String> = (1..1_000_000)
             .map(|n| format!("slot-probe-{n}"))
-            .find(|name| names::slot_of(name.as_bytes()) == slot)
-            .expect("some name shares the slot");
+            .filter(|name| names::set_of(name.as_bytes(), names::SETS) == set)
+            .take(2)
+            .collect();
+        names.insert(0, first);
+        assert_eq!(names.len(), 3, "names sharing a set: {names:?}");
         for _ in 0..3 {
-            for name in [&first, &second] {
+            for name in &names {
                 let key = LockKey::from(name.as_str());
                 assert_eq!(key.target(), LockTarget::BigInt(lock_id(name)), "{name}");
                 assert_eq!(key.as_name(), Some(name.as_str()));
@@ -409,9 +448,31 @@ mod tests {
             }
         }
         assert_ne!(
-            LockKey::from(first.as_str()),
-            LockKey::from(second.as_str())
+            LockKey::from(names[0].as_str()),
+            LockKey::from(names[1].as_str())
         );
+    }
+
+    #[test]
+    fn a_set_keeps_its_two_most_recent_names() {
+        // A cache of one set: every name shares it.
+        let cache = names::Cache::<1>::new();
+        let make = |name: &str| cache.intern(name, || name.into());
+        let a = make("a");
+        let b = make("b");
+        assert!(Arc::ptr_eq(&b, &make("b")), "both ways are kept");
+        assert!(Arc::ptr_eq(&a, &make("a")));
+        // "b" was used longer ago than "a": "c" takes its way.
+        let c = make("c");
+        assert!(Arc::ptr_eq(&a, &make("a")), "the name used last stays");
+        assert!(Arc::ptr_eq(&c, &make("c")));
+        let b_again = make("b");
+        assert!(
+            !Arc::ptr_eq(&b, &b_again),
+            "\"b\" was evicted and made anew"
+        );
+        assert_eq!((b_again.id, &*b_again.name), (lock_id("b"), "b"));
+        assert_eq!((c.id, &*c.name), (lock_id("c"), "c"));
     }
 
     #[test]
