@@ -249,19 +249,19 @@ impl LockKey {
 
 /// Names made into keys lately, with their lock ids, so that a key made again and again (a
 /// service locks the same keys all day, often from a `&str` each time) costs neither the
-/// SHA-256 nor an allocation. Two-way set-associative: a cheap hash of a name's bytes picks a
-/// set of two slots, a hit moves the name to the front of its set, and a miss takes over the
-/// slot of the name used longer ago. The process's cache holds at most 4,096 names.
+/// SHA-256 nor an allocation. Four-way set-associative: a cheap hash of a name's bytes picks a
+/// set of four slots, a hit moves the name to the front of its set, and a miss takes over the
+/// slot of the name used longest ago. The process's cache holds at most 4,096 names.
 mod names {
     use std::sync::{Arc, Mutex};
 
     use super::Named;
 
-    /// Sets of the process's cache. With two ways, a working set of a thousand names or two
-    /// stays cached: a set overflows only where three of them hash alike (a direct-mapped
-    /// cache of the same size evicts wherever two do, and thrashes well before it is full).
-    pub(super) const SETS: usize = 2048;
-    const WAYS: usize = 2;
+    /// Sets of the process's cache. With four ways, a working set of a thousand names stays
+    /// cached but for about 2 % of them, those in a set where five hash alike (a direct-mapped
+    /// cache of the same size evicts wherever two do: about a third of them).
+    pub(super) const SETS: usize = 1024;
+    pub(super) const WAYS: usize = 4;
 
     type Set = Mutex<[Option<Arc<Named>>; WAYS]>;
 
@@ -323,8 +323,8 @@ mod names {
         for &byte in chunks.remainder() {
             hash = (hash ^ u64::from(byte)).wrapping_mul(K).rotate_left(26);
         }
-        // The high bits are the well-mixed ones.
-        (hash.wrapping_mul(K) >> 32) as usize % sets
+        // Scaled rather than taken modulo: the product's high bits are the well-mixed ones.
+        ((u128::from(hash.wrapping_mul(K)) * sets as u128) >> 64) as usize
     }
 }
 
@@ -427,18 +427,22 @@ mod tests {
 
     #[test]
     fn names_sharing_a_cache_set_keep_their_own_ids() {
-        // Three names that land in the same set of the process's cache (two ways), made in
-        // turn, again and again, so every make evicts another: each key always carries its
+        // More names than a set of the process's cache has ways, all landing in one set, made
+        // in turn, again and again, so every make evicts another: each key always carries its
         // own name's id, and equal names give equal keys.
         let first = "slot-probe-0".to_owned();
         let set = names::set_of(first.as_bytes(), names::SETS);
         let mut names: Vec<String> = (1..1_000_000)
             .map(|n| format!("slot-probe-{n}"))
             .filter(|name| names::set_of(name.as_bytes(), names::SETS) == set)
-            .take(2)
+            .take(names::WAYS)
             .collect();
         names.insert(0, first);
-        assert_eq!(names.len(), 3, "names sharing a set: {names:?}");
+        assert_eq!(
+            names.len(),
+            names::WAYS + 1,
+            "names sharing a set: {names:?}"
+        );
         for _ in 0..3 {
             for name in &names {
                 let key = LockKey::from(name.as_str());
@@ -454,25 +458,34 @@ mod tests {
     }
 
     #[test]
-    fn a_set_keeps_its_two_most_recent_names() {
+    fn a_set_keeps_its_most_recently_used_names() {
         // A cache of one set: every name shares it.
         let cache = names::Cache::<1>::new();
         let make = |name: &str| cache.intern(name, || name.into());
-        let a = make("a");
-        let b = make("b");
-        assert!(Arc::ptr_eq(&b, &make("b")), "both ways are kept");
-        assert!(Arc::ptr_eq(&a, &make("a")));
-        // "b" was used longer ago than "a": "c" takes its way.
-        let c = make("c");
-        assert!(Arc::ptr_eq(&a, &make("a")), "the name used last stays");
-        assert!(Arc::ptr_eq(&c, &make("c")));
-        let b_again = make("b");
+        let names: Vec<String> = (0..names::WAYS).map(|n| format!("name-{n}")).collect();
+        let made: Vec<Arc<Named>> = names.iter().map(|name| make(name)).collect();
+        for (name, first) in names.iter().zip(&made) {
+            assert!(Arc::ptr_eq(first, &make(name)), "every way is kept: {name}");
+        }
+        // Used again, the first name is the most recent; the second is now the one used
+        // longest ago, and a new name takes its way.
+        assert!(Arc::ptr_eq(&made[0], &make(&names[0])));
+        let new = make("new");
         assert!(
-            !Arc::ptr_eq(&b, &b_again),
-            "\"b\" was evicted and made anew"
+            Arc::ptr_eq(&made[0], &make(&names[0])),
+            "the name used lately stays"
         );
-        assert_eq!((b_again.id, &*b_again.name), (lock_id("b"), "b"));
-        assert_eq!((c.id, &*c.name), (lock_id("c"), "c"));
+        assert!(Arc::ptr_eq(&new, &make("new")));
+        let again = make(&names[1]);
+        assert!(
+            !Arc::ptr_eq(&made[1], &again),
+            "{} was evicted and made anew",
+            names[1]
+        );
+        assert_eq!(
+            (again.id, &*again.name),
+            (lock_id(&names[1]), names[1].as_str())
+        );
     }
 
     #[test]
