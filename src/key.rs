@@ -301,11 +301,15 @@ mod names {
                 id: super::lock_id(name),
                 name: copy(),
             });
-            let evicted = {
-                let mut ways = crate::sync::lock(set);
-                ways.rotate_right(1);
-                ways[0].replace(Arc::clone(&named))
-            };
+            let mut ways = crate::sync::lock(set);
+            // Another thread may have made the same name meanwhile: share its copy rather than
+            // keep the name twice in one set.
+            if let Some(theirs) = ways.iter().flatten().find(|cached| *cached.name == *name) {
+                return Arc::clone(theirs);
+            }
+            ways.rotate_right(1);
+            let evicted = ways[0].replace(Arc::clone(&named));
+            drop(ways);
             drop(evicted);
             named
         }
@@ -486,6 +490,21 @@ mod tests {
             (again.id, &*again.name),
             (lock_id(&names[1]), names[1].as_str())
         );
+    }
+
+    #[test]
+    fn a_name_made_twice_at_once_is_kept_once() {
+        // The name is made again while the first make derives its id (here from `copy`, which
+        // runs between the two looks at the set, as another thread could): both get the same
+        // copy.
+        let cache = names::Cache::<1>::new();
+        let theirs = std::cell::RefCell::new(None);
+        let ours = cache.intern("same", || {
+            *theirs.borrow_mut() = Some(cache.intern("same", || "same".into()));
+            "same".into()
+        });
+        let theirs = theirs.into_inner().expect("made inside");
+        assert!(Arc::ptr_eq(&ours, &theirs));
     }
 
     #[test]
