@@ -286,15 +286,8 @@ mod names {
 
         pub(super) fn intern(&self, name: &str, copy: impl FnOnce() -> Box<str>) -> Arc<Named> {
             let set = &self.sets[set_of(name.as_bytes(), N)];
-            {
-                let mut ways = crate::sync::lock(set);
-                let hit = ways
-                    .iter()
-                    .position(|way| way.as_ref().is_some_and(|cached| *cached.name == *name));
-                if let Some(hit) = hit {
-                    ways[..=hit].rotate_right(1);
-                    return Arc::clone(ways[0].as_ref().expect("the hit was moved to the front"));
-                }
+            if let Some(cached) = take_hit(&mut crate::sync::lock(set), name) {
+                return cached;
             }
             // Derived outside the lock: SHA-256 of a long name is the slow part.
             let named = Arc::new(Named {
@@ -304,15 +297,25 @@ mod names {
             let mut ways = crate::sync::lock(set);
             // Another thread may have made the same name meanwhile: share its copy rather than
             // keep the name twice in one set.
-            if let Some(theirs) = ways.iter().flatten().find(|cached| *cached.name == *name) {
-                return Arc::clone(theirs);
+            if let Some(theirs) = take_hit(&mut ways, name) {
+                return theirs;
             }
             ways.rotate_right(1);
             let evicted = ways[0].replace(Arc::clone(&named));
+            // The evicted name is freed after the lock is let go.
             drop(ways);
             drop(evicted);
             named
         }
+    }
+
+    /// `name` from `ways` if it is there, moved to the front (the most recently used).
+    fn take_hit(ways: &mut [Option<Arc<Named>>; WAYS], name: &str) -> Option<Arc<Named>> {
+        let hit = ways
+            .iter()
+            .position(|way| way.as_ref().is_some_and(|cached| *cached.name == *name))?;
+        ways[..=hit].rotate_right(1);
+        ways[0].clone()
     }
 
     /// FxHash of the bytes, folded to one of `sets` sets.
