@@ -2,7 +2,8 @@
 """Runs the lockbench binary several times, tabulates the results and draws them.
 
     python3 pglock-bench/benches/report.py [--reps 3] [--baseline sqlx_raw] [--out report.md] \
-        [--jsonl results.jsonl] [--charts DIR] [--chart-prefix P] -- [lockbench flags...]
+        [--jsonl results.jsonl] [--charts DIR] [--chart-prefix P] [--pin CPU] \
+        -- [lockbench flags...]
     python3 pglock-bench/benches/report.py --from a.jsonl [b.jsonl ...] [--charts DIR] ...
 
 Each rep is one run of the binary, in which every library runs every workload, libraries
@@ -11,9 +12,16 @@ instead of running anything.
 
 The table shows, per workload (and its parameter: K for W4, the task count N for W5) and
 library, the median of `ops_per_s` over the reps with its min-max, the median p50/p90/p99, how
-many reps were correct, the largest connection count, and the ratio to the baseline library:
-the median over reps of the ratio taken within each rep (so a machine that drifts between reps
-does not skew it).
+many reps were correct, the largest connection count, the ratio to the baseline library (the
+median over reps of the ratio taken within each rep, so a machine that drifts between reps does
+not skew it), and the client's CPU time per op (median; W1, W2, W4 and W5), which shows a
+library's own cost even where the ops/s are set by how fast the server's answers arrive.
+
+`--pin CPU` runs the bench pinned to that CPU together with the server's processes (every
+process named `postgres`, found with `pgrep`; their affinity is put back afterwards): on a
+machine where a round trip is mostly a CPU waking up, the ops/s then count CPU work, the
+client's included. It needs a local server and the right to change its processes' affinity
+(root, or the server's own user), and `taskset` (util-linux).
 
 Charts (hand-written SVG) go to `--charts DIR`, else next to the `--jsonl` file (or the first
 `--from` file), named `<prefix><chart>.svg`; the prefix defaults to that file's name up to its
@@ -35,6 +43,7 @@ is given.
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -64,8 +73,11 @@ def bench_binary():
     return exe
 
 
-def run_rep(binary, flags, rep):
-    proc = subprocess.run([binary, *flags], capture_output=True, text=True)
+def run_rep(binary, flags, rep, pin=None):
+    command = [binary, *flags]
+    if pin is not None:
+        command = ["taskset", "-c", pin, *command]
+    proc = subprocess.run(command, capture_output=True, text=True)
     rows = []
     for line in proc.stdout.splitlines():
         if line.startswith("{"):
@@ -76,6 +88,38 @@ def run_rep(binary, flags, rep):
         sys.stderr.write(proc.stderr[-2000:])
         sys.exit(f"report.py: rep {rep} printed no result line (exit {proc.returncode})")
     return rows
+
+
+class PinnedServer:
+    """Pins the local server's processes to `cpu` for the `with` block, then restores the
+    affinity each had. The postmaster's new backends inherit its affinity."""
+
+    def __init__(self, cpu):
+        self.cpu, self.before = cpu, {}
+
+    def __enter__(self):
+        pids = subprocess.run(["pgrep", "-x", "postgres"], capture_output=True,
+                              text=True).stdout.split()
+        if not pids:
+            sys.exit("report.py: --pin found no process named postgres (a local server is needed)")
+        for pid in pids:
+            current = subprocess.run(["taskset", "-a", "-p", "-c", pid], capture_output=True,
+                                     text=True)
+            if current.returncode != 0:
+                continue  # gone since pgrep listed it
+            self.before[pid] = current.stdout.rsplit(":", 1)[-1].strip()
+            done = subprocess.run(["taskset", "-a", "-p", "-c", self.cpu, pid],
+                                  capture_output=True, text=True)
+            if done.returncode != 0 and os.path.exists(f"/proc/{pid}"):
+                self.__exit__()
+                sys.exit(f"report.py: --pin could not pin server process {pid}: "
+                         f"{done.stderr.strip()}")
+        return self
+
+    def __exit__(self, *exc):
+        for pid, cpus in self.before.items():
+            subprocess.run(["taskset", "-a", "-p", "-c", cpus, pid], capture_output=True)
+        return False
 
 
 def read_lines(paths):
@@ -113,6 +157,10 @@ def p90(row):
     return ((row.get("detail") or {}).get("tail") or {}).get("p90_ms")
 
 
+def cpu_us(row):
+    return (row.get("detail") or {}).get("client_cpu_us")
+
+
 def summarize(rows, baseline):
     """{(workload, param, lib): summary} with medians, min-max and the ratio to the baseline."""
     by = defaultdict(list)
@@ -133,7 +181,7 @@ def summarize(rows, baseline):
         out[(workload, p, lib)] = {
             "ops": statistics.median(ops), "min": min(ops), "max": max(ops),
             "p50": med(r["p50_ms"] for r in group), "p90": med(p90(r) for r in group),
-            "p99": med(r["p99_ms"] for r in group),
+            "p99": med(r["p99_ms"] for r in group), "cpu": med(cpu_us(r) for r in group),
             "correct": sum(1 for r in group if r["correct"]), "reps": len(group),
             "conns": max(r["connections"] for r in group),
             "ratio": statistics.median(ratios) if ratios else None,
@@ -156,15 +204,16 @@ def fmt(x, digits=0):
 
 def table(summary, baseline):
     out = [
-        f"| workload | lib | ops/s (median) | min-max | p50 ms | p90 ms | p99 ms | correct | conns | x{baseline} |",
-        "|---|---|---:|---:|---:|---:|---:|:---:|---:|---:|",
+        f"| workload | lib | ops/s (median) | min-max | p50 ms | p90 ms | p99 ms | correct | conns "
+        f"| x{baseline} | client CPU µs/op |",
+        "|---|---|---:|---:|---:|---:|---:|:---:|---:|---:|---:|",
     ]
     for key, s in sorted(summary.items(), key=lambda kv: (case_order(kv[0]), -kv[1]["ops"])):
         workload, p, lib = key
-        out.append("| {} | {} | {} | {}-{} | {} | {} | {} | {}/{} | {} | {} |".format(
+        out.append("| {} | {} | {} | {}-{} | {} | {} | {} | {}/{} | {} | {} | {} |".format(
             case_label(workload, p), lib, fmt(s["ops"]), fmt(s["min"]), fmt(s["max"]),
             fmt(s["p50"], 3), fmt(s["p90"], 3), fmt(s["p99"], 3), s["correct"], s["reps"],
-            s["conns"], fmt(s["ratio"], 2),
+            s["conns"], fmt(s["ratio"], 2), fmt(s["cpu"], 2),
         ))
     return "\n".join(out)
 
@@ -526,6 +575,8 @@ def main():
                         "file's name up to its last '-')")
     parser.add_argument("--charts-only", default=",".join(CHARTS),
                         help=f"comma list of {','.join(CHARTS)}")
+    parser.add_argument("--pin", metavar="CPU",
+                        help="run the bench and the local server's processes on this CPU")
     parser.add_argument("flags", nargs=argparse.REMAINDER, help="-- then lockbench flags")
     args = parser.parse_args()
     flags = [f for f in args.flags if f != "--"]
@@ -534,9 +585,10 @@ def main():
     else:
         binary = args.bin or bench_binary()
         rows = []
-        for rep in range(args.reps):
-            sys.stderr.write(f"report.py: rep {rep + 1}/{args.reps}\n")
-            rows.extend(run_rep(binary, flags, rep))
+        with PinnedServer(args.pin) if args.pin is not None else contextlib.nullcontext():
+            for rep in range(args.reps):
+                sys.stderr.write(f"report.py: rep {rep + 1}/{args.reps}\n")
+                rows.extend(run_rep(binary, flags, rep, args.pin))
     summary = summarize(rows, args.baseline)
     text = table(summary, args.baseline)
     print(text)

@@ -10,6 +10,43 @@ pub fn mono_ns() -> u64 {
     (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// The CPU time this process has used, all its threads together (`CLOCK_PROCESS_CPUTIME_ID`),
+/// for the client's CPU per op: unlike throughput, it does not depend on how long the server
+/// and the kernel take to answer, so it shows a library's own cost on a machine whose round
+/// trips are mostly waiting for a CPU to wake.
+pub struct CpuClock(u64);
+
+impl CpuClock {
+    pub fn start() -> Self {
+        CpuClock(process_cpu_ns())
+    }
+
+    /// The CPU used since `start`. Everything the process did counts: the library, sqlx,
+    /// tokio, the harness loop, and the `pg_stat_activity` sampler's query every
+    /// `--sample-interval` (the same for every library).
+    pub fn stop(self) -> CpuUsed {
+        CpuUsed(process_cpu_ns().saturating_sub(self.0))
+    }
+}
+
+/// CPU nanoseconds used over a timed window.
+pub struct CpuUsed(u64);
+
+impl CpuUsed {
+    /// Microseconds per op, rounded to 3 decimals (`null` without ops).
+    pub fn per_op_us(&self, ops: u64) -> Value {
+        if ops == 0 {
+            return Value::Null;
+        }
+        json!(round_to(self.0 as f64 / ops as f64 / 1e3, 3))
+    }
+}
+
+fn process_cpu_ns() -> u64 {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// Nearest-rank percentile of an already sorted slice (`q` in 0..=1).
 pub fn pct<T: Copy>(sorted: &[T], q: f64) -> Option<T> {
     if sorted.is_empty() {
@@ -44,7 +81,7 @@ pub fn jain(counts: &[usize]) -> f64 {
     }
 }
 
-/// One result line (see `docs/benchmarks.md`, "The result lines").
+/// One result line (see `docs/benchmarks.md`, "Workloads": what each line carries).
 #[allow(clippy::too_many_arguments)]
 pub fn result(
     lib: &str,
