@@ -20,8 +20,9 @@ library's own cost even where the ops/s are set by how fast the server's answers
 `--pin CPU` runs the bench pinned to that CPU together with the server's processes (every
 process named `postgres`, found with `pgrep`; their affinity is put back afterwards): on a
 machine where a round trip is mostly a CPU waking up, the ops/s then count CPU work, the
-client's included. It needs a local server and the right to change its processes' affinity
-(root, or the server's own user), and `taskset` (util-linux).
+client's included. It needs a local server already running (give `--dsn`: a throwaway server
+the bench starts itself is not pinned), the right to change its processes' affinity (root, or
+the server's own user), and `taskset` (util-linux).
 
 Charts (hand-written SVG) go to `--charts DIR`, else next to the `--jsonl` file (or the first
 `--from` file), named `<prefix><chart>.svg`; the prefix defaults to that file's name up to its
