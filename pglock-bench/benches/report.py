@@ -17,12 +17,12 @@ median over reps of the ratio taken within each rep, so a machine that drifts be
 not skew it), and the client's CPU time per op (median; W1, W2, W4 and W5), which shows a
 library's own cost even where the ops/s are set by how fast the server's answers arrive.
 
-`--pin CPU` runs the bench pinned to that CPU together with the server's processes (every
-process named `postgres`, found with `pgrep`; their affinity is put back afterwards): on a
-machine where a round trip is mostly a CPU waking up, the ops/s then count CPU work, the
-client's included. It needs a local server already running (give `--dsn`: a throwaway server
-the bench starts itself is not pinned), the right to change its processes' affinity (root, or
-the server's own user), and `taskset` (util-linux).
+`--pin CPUS` (`0`, or `0,2`) runs the bench on those CPUs together with every process named
+`postgres` on the machine (found with `pgrep`; other clusters too), and gives those processes
+their CPUs back afterwards: on a machine where a round trip is mostly a CPU waking up, the
+ops/s then count CPU work, the client's included. It needs a server running before it starts
+(a throwaway one the bench starts itself inherits the bench's CPUs anyway) and the right to
+change the server's affinity (root, or the server's own user).
 
 Charts (hand-written SVG) go to `--charts DIR`, else next to the `--jsonl` file (or the first
 `--from` file), named `<prefix><chart>.svg`; the prefix defaults to that file's name up to its
@@ -48,6 +48,7 @@ import contextlib
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -75,10 +76,8 @@ def bench_binary():
 
 
 def run_rep(binary, flags, rep, pin=None):
-    command = [binary, *flags]
-    if pin is not None:
-        command = ["taskset", "-c", pin, *command]
-    proc = subprocess.run(command, capture_output=True, text=True)
+    pinned = None if pin is None else (lambda: os.sched_setaffinity(0, pin))
+    proc = subprocess.run([binary, *flags], capture_output=True, text=True, preexec_fn=pinned)
     rows = []
     for line in proc.stdout.splitlines():
         if line.startswith("{"):
@@ -91,35 +90,78 @@ def run_rep(binary, flags, rep, pin=None):
     return rows
 
 
-class PinnedServer:
-    """Pins the local server's processes to `cpu` for the `with` block, then restores the
-    affinity each had. The postmaster's new backends inherit its affinity."""
+def parse_cpus(text):
+    """`--pin`'s CPU list: "0" or "0,2"."""
+    try:
+        cpus = {int(c) for c in text.split(",")}
+    except ValueError:
+        sys.exit(f"report.py: --pin takes CPU numbers separated by commas, not {text!r}")
+    return cpus
 
-    def __init__(self, cpu):
-        self.cpu, self.before = cpu, {}
+
+def server_threads():
+    """The thread ids of every process named `postgres` on the machine."""
+    pids = subprocess.run(["pgrep", "-x", "postgres"], capture_output=True, text=True).stdout
+    tids = []
+    for pid in pids.split():
+        try:
+            tids.extend(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+        except FileNotFoundError:
+            pass  # gone since pgrep listed it
+    return tids
+
+
+class PinnedServer:
+    """Pins the local server's processes to `cpus` for the `with` block, then gives each the
+    affinity it had. Processes the server starts meanwhile inherit the pinned mask from the
+    postmaster; those still running at the end get the widest mask the server had. Restores on
+    an exception, Ctrl-C, SIGTERM and SIGHUP too (not on SIGKILL)."""
+
+    def __init__(self, cpus):
+        self.cpus, self.before, self.handlers = cpus, {}, {}
 
     def __enter__(self):
-        pids = subprocess.run(["pgrep", "-x", "postgres"], capture_output=True,
-                              text=True).stdout.split()
-        if not pids:
-            sys.exit("report.py: --pin found no process named postgres (a local server is needed)")
-        for pid in pids:
-            current = subprocess.run(["taskset", "-a", "-p", "-c", pid], capture_output=True,
-                                     text=True)
-            if current.returncode != 0:
-                continue  # gone since pgrep listed it
-            self.before[pid] = current.stdout.rsplit(":", 1)[-1].strip()
-            done = subprocess.run(["taskset", "-a", "-p", "-c", self.cpu, pid],
-                                  capture_output=True, text=True)
-            if done.returncode != 0 and os.path.exists(f"/proc/{pid}"):
-                self.__exit__()
-                sys.exit(f"report.py: --pin could not pin server process {pid}: "
-                         f"{done.stderr.strip()}")
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            self.handlers[sig] = signal.signal(sig, self._on_signal)
+        try:
+            tids = server_threads()
+            if not tids:
+                raise SystemExit("report.py: --pin found no process named postgres "
+                                 "(a local server is needed)")
+            for tid in tids:
+                try:
+                    self.before[tid] = os.sched_getaffinity(tid)
+                    os.sched_setaffinity(tid, self.cpus)
+                except ProcessLookupError:
+                    self.before.pop(tid, None)
+                except OSError as err:
+                    raise SystemExit(f"report.py: --pin could not pin server process {tid}: "
+                                     f"{err}") from err
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
+    @staticmethod
+    def _on_signal(signum, _frame):
+        raise SystemExit(128 + signum)
+
     def __exit__(self, *exc):
-        for pid, cpus in self.before.items():
-            subprocess.run(["taskset", "-a", "-p", "-c", cpus, pid], capture_output=True)
+        widest = set().union(*self.before.values())
+        for tid in server_threads():
+            try:
+                if tid in self.before:
+                    os.sched_setaffinity(tid, self.before[tid])
+                elif widest and os.sched_getaffinity(tid) == self.cpus:
+                    os.sched_setaffinity(tid, widest)
+            except ProcessLookupError:
+                pass
+            except OSError as err:
+                sys.stderr.write(f"report.py: could not give server process {tid} its CPUs "
+                                 f"back: {err}\n")
+        for sig, handler in self.handlers.items():
+            signal.signal(sig, handler)
+        self.handlers = {}
         return False
 
 
@@ -586,10 +628,11 @@ def main():
     else:
         binary = args.bin or bench_binary()
         rows = []
-        with PinnedServer(args.pin) if args.pin is not None else contextlib.nullcontext():
+        pin = parse_cpus(args.pin) if args.pin is not None else None
+        with PinnedServer(pin) if pin is not None else contextlib.nullcontext():
             for rep in range(args.reps):
                 sys.stderr.write(f"report.py: rep {rep + 1}/{args.reps}\n")
-                rows.extend(run_rep(binary, flags, rep, args.pin))
+                rows.extend(run_rep(binary, flags, rep, pin))
     summary = summarize(rows, args.baseline)
     text = table(summary, args.baseline)
     print(text)
