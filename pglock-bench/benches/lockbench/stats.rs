@@ -5,8 +5,12 @@ use serde_json::{Value, json};
 /// `CLOCK_MONOTONIC` in nanoseconds: one clock for every process on the machine, so W3
 /// timestamps from several worker processes can be merged and compared.
 pub fn mono_ns() -> u64 {
-    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    // CLOCK_MONOTONIC is never negative.
+    clock_ns(rustix::time::ClockId::Monotonic)
+}
+
+/// A clock's reading in nanoseconds; both clocks read here start at zero and never go back.
+fn clock_ns(clock: rustix::time::ClockId) -> u64 {
+    let ts = rustix::time::clock_gettime(clock);
     (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
 }
 
@@ -43,8 +47,7 @@ impl CpuUsed {
 }
 
 fn process_cpu_ns() -> u64 {
-    let ts = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
-    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+    clock_ns(rustix::time::ClockId::ProcessCPUTime)
 }
 
 /// Nearest-rank percentile of an already sorted slice (`q` in 0..=1).
