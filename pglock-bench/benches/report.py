@@ -14,8 +14,9 @@ The table shows, per workload (and its parameter: K for W4, the task count N for
 library, the median of `ops_per_s` over the reps with its min-max, the median p50/p90/p99, how
 many reps were correct, the largest connection count, the ratio to the baseline library (the
 median over reps of the ratio taken within each rep, so a machine that drifts between reps does
-not skew it), and the client's CPU time per op (median; W1, W2, W4 and W5), which shows a
-library's own cost even where the ops/s are set by how fast the server's answers arrive.
+not skew it), and the client's and the server's CPU time per op (median; W1, W2, W4 and W5),
+which show a library's own cost even where the ops/s are set by how fast the server's answers
+arrive. The server's column is empty for a server on another machine.
 
 `--pin CPUS` (`0`, or `0,2`) runs the bench on those CPUs together with every process named
 `postgres` on the machine (found with `pgrep`; other clusters too), and gives those processes
@@ -200,8 +201,10 @@ def p90(row):
     return ((row.get("detail") or {}).get("tail") or {}).get("p90_ms")
 
 
-def cpu_us(row):
-    return (row.get("detail") or {}).get("client_cpu_us")
+def cpu_us(row, side="client"):
+    """CPU µs per op, the client's or the server's (on the lib's sessions; null for a server
+    on another machine)."""
+    return (row.get("detail") or {}).get(f"{side}_cpu_us")
 
 
 def summarize(rows, baseline):
@@ -225,6 +228,7 @@ def summarize(rows, baseline):
             "ops": statistics.median(ops), "min": min(ops), "max": max(ops),
             "p50": med(r["p50_ms"] for r in group), "p90": med(p90(r) for r in group),
             "p99": med(r["p99_ms"] for r in group), "cpu": med(cpu_us(r) for r in group),
+            "server_cpu": med(cpu_us(r, "server") for r in group),
             "correct": sum(1 for r in group if r["correct"]), "reps": len(group),
             "conns": max(r["connections"] for r in group),
             "ratio": statistics.median(ratios) if ratios else None,
@@ -248,15 +252,15 @@ def fmt(x, digits=0):
 def table(summary, baseline):
     out = [
         f"| workload | lib | ops/s (median) | min-max | p50 ms | p90 ms | p99 ms | correct | conns "
-        f"| x{baseline} | client CPU µs/op |",
-        "|---|---|---:|---:|---:|---:|---:|:---:|---:|---:|---:|",
+        f"| x{baseline} | client CPU µs/op | server CPU µs/op |",
+        "|---|---|---:|---:|---:|---:|---:|:---:|---:|---:|---:|---:|",
     ]
     for key, s in sorted(summary.items(), key=lambda kv: (case_order(kv[0]), -kv[1]["ops"])):
         workload, p, lib = key
-        out.append("| {} | {} | {} | {}-{} | {} | {} | {} | {}/{} | {} | {} | {} |".format(
+        out.append("| {} | {} | {} | {}-{} | {} | {} | {} | {}/{} | {} | {} | {} | {} |".format(
             case_label(workload, p), lib, fmt(s["ops"]), fmt(s["min"]), fmt(s["max"]),
             fmt(s["p50"], 3), fmt(s["p90"], 3), fmt(s["p99"], 3), s["correct"], s["reps"],
-            s["conns"], fmt(s["ratio"], 2), fmt(s["cpu"], 2),
+            s["conns"], fmt(s["ratio"], 2), fmt(s["cpu"], 2), fmt(s["server_cpu"], 2),
         ))
     return "\n".join(out)
 

@@ -51,6 +51,8 @@ This binary's knobs:
   --warmup-cycles N       untimed ops before the timed ones in --cycles mode (default 200)
   --log-statements        set log_statement=all on the lock connections (superuser DSN), to
                           read what each op sends in the server log
+  --raw-spin N            sqlx_raw: N rounds of register-only arithmetic before each statement, a
+                          known client-only cost for calibrating the CPU columns; adds `_spin<N>`
 ";
 
 #[derive(Debug, Clone)]
@@ -75,6 +77,7 @@ pub struct Args {
     pub cycles: Option<u64>,
     pub warmup_cycles: u64,
     pub log_statements: bool,
+    pub raw_spin: u64,
     // W3 worker mode (spawned by the W3 parent; not for humans).
     pub w3_worker: bool,
     pub run_id: Option<String>,
@@ -104,6 +107,7 @@ impl Default for Args {
             cycles: None,
             warmup_cycles: 200,
             log_statements: false,
+            raw_spin: 0,
             w3_worker: false,
             run_id: None,
             worker_tasks: 1,
@@ -131,6 +135,9 @@ impl Args {
         if let Some(t) = self.acquire_timeout {
             out.push("--acquire-timeout".to_owned());
             out.push(t.to_string());
+        }
+        if self.raw_spin > 0 {
+            out.extend(["--raw-spin".to_owned(), self.raw_spin.to_string()]);
         }
         out
     }
@@ -208,6 +215,7 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
             "--acquire-timeout" => a.acquire_timeout = Some(num(&flag, &value()?)?),
             "--cycles" => a.cycles = Some(num(&flag, &value()?)?),
             "--warmup-cycles" => a.warmup_cycles = num(&flag, &value()?)?,
+            "--raw-spin" => a.raw_spin = num(&flag, &value()?)?,
             "--run-id" => a.run_id = Some(value()?),
             "--_w3-tasks" => a.worker_tasks = num(&flag, &value()?)?,
             "--counter-id" => a.counter_id = num(&flag, &value()?)?,

@@ -1,5 +1,6 @@
 //! The harness's own connections: probes, the leak query, the connection sampler.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use sqlx::{Connection, PgConnection};
@@ -7,9 +8,16 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::libs::{Res, connect_options, err};
+use crate::stats::{CpuClock, CpuUsed};
 
 pub const COUNTER_TABLE_DDL: &str =
     "CREATE TABLE IF NOT EXISTS lockbench_counter (id bigint PRIMARY KEY, v bigint NOT NULL)";
+
+const BACKENDS_SQL: &str = "SELECT pid FROM pg_stat_activity WHERE application_name = $1";
+
+/// True when the probe reached the server over a Unix socket (no server address) or loopback.
+const LOCAL_SERVER_SQL: &str = "SELECT coalesce(inet_server_addr() <<= '127.0.0.0/8'::inet \
+    OR inet_server_addr() = '::1'::inet, true)";
 
 const COUNT_SQL: &str = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1";
 
@@ -113,4 +121,92 @@ impl Sampler {
         let _ = conn.close().await;
         Ok(peak)
     }
+}
+
+/// The CPU time of a timed window: the client's (this process) and, where the server runs on
+/// this machine, the server's on the lib's sessions.
+pub struct Clocks {
+    client: CpuClock,
+    server: Option<HashMap<i32, u64>>,
+    app: String,
+}
+
+/// What [`Clocks::stop`] measured.
+pub struct CpuWindow {
+    client: CpuUsed,
+    server: Option<CpuUsed>,
+}
+
+impl Clocks {
+    /// Reads the backends of the sessions named `app` first, then starts the client's clock,
+    /// so the probe's own query is not in the window.
+    pub async fn start(probe: &mut PgConnection, app: &str) -> Res<Clocks> {
+        let local: bool = sqlx::query_scalar(LOCAL_SERVER_SQL)
+            .fetch_one(&mut *probe)
+            .await
+            .map_err(err)?;
+        let server = if local {
+            backends_cpu(probe, app).await?
+        } else {
+            None
+        };
+        Ok(Clocks {
+            client: CpuClock::start(),
+            server,
+            app: app.to_owned(),
+        })
+    }
+
+    /// Stops the client's clock, then reads the backends again. A backend that appeared in the
+    /// window counts from zero (its connection set-up included); one that ended in it is lost.
+    pub async fn stop(self, probe: &mut PgConnection) -> Res<CpuWindow> {
+        let client = self.client.stop();
+        let server = match self.server {
+            Some(start) => backends_cpu(probe, &self.app).await?.map(|end| {
+                let ns = end
+                    .iter()
+                    .map(|(pid, t)| t.saturating_sub(start.get(pid).copied().unwrap_or(0)))
+                    .sum();
+                CpuUsed(ns)
+            }),
+            None => None,
+        };
+        Ok(CpuWindow { client, server })
+    }
+}
+
+impl CpuWindow {
+    /// Writes `client_cpu_us` and `server_cpu_us` per op into a result line's `detail`
+    /// (`server_cpu_us` is `null` where the server's backends could not be read).
+    pub fn record(&self, detail: &mut serde_json::Value, ops: u64) {
+        let server = self
+            .server
+            .as_ref()
+            .map_or(serde_json::Value::Null, |s| s.per_op_us(ops));
+        detail["client_cpu_us"] = self.client.per_op_us(ops);
+        detail["server_cpu_us"] = server;
+    }
+}
+
+/// Each of `app`'s backends' CPU time so far (`/proc/<pid>/schedstat`, nanoseconds on a CPU),
+/// or `None` when one cannot be read: no such `postgres` process on this machine.
+async fn backends_cpu(probe: &mut PgConnection, app: &str) -> Res<Option<HashMap<i32, u64>>> {
+    let pids: Vec<i32> = sqlx::query_scalar(BACKENDS_SQL)
+        .bind(app)
+        .fetch_all(probe)
+        .await
+        .map_err(err)?;
+    Ok(pids
+        .into_iter()
+        .map(|pid| Some((pid, backend_cpu_ns(pid)?)))
+        .collect())
+}
+
+fn backend_cpu_ns(pid: i32) -> Option<u64> {
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    if comm.trim_end() != "postgres" {
+        return None;
+    }
+    let schedstat = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?;
+    schedstat.split_whitespace().next()?.parse().ok()
 }

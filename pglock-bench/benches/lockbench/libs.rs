@@ -12,6 +12,7 @@
 //! instead: one pool with sqlx's default options, from which each lock takes a connection
 //! (checkout, lock, unlock, return), as a service without a lock library would write it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use pglock::{LockGuard, LockManager, LockManagerExt, PostgresLockManager};
@@ -67,6 +68,9 @@ impl LibKind {
     /// The `lib` field: the name plus a suffix for any non-default knob.
     pub fn label(self, args: &Args) -> String {
         let mut label = self.name().to_owned();
+        if self == LibKind::SqlxRaw && args.raw_spin > 0 {
+            label.push_str(&format!("_spin{}", args.raw_spin));
+        }
         if self.is_pglock() {
             if let Some(max) = args.pool_max {
                 label.push_str(&format!("_pool{max}"));
@@ -261,7 +265,22 @@ async fn checkout(pool: &PgPool) -> Res<PoolConnection<Postgres>> {
     pool.acquire().await.map_err(err)
 }
 
+/// `--raw-spin`: set once by `main`, read by every `sqlx_raw` statement.
+pub static RAW_SPIN: AtomicU64 = AtomicU64::new(0);
+
+/// `--raw-spin`'s client-only cost: a chain of dependent multiply-adds in registers, no memory
+/// touched, so it adds CPU time and nothing the server could feel through a shared cache.
+fn raw_spin() {
+    let rounds = RAW_SPIN.load(Ordering::Relaxed);
+    let mut x = 0u64;
+    for i in 0..rounds {
+        x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+    }
+    std::hint::black_box(x);
+}
+
 async fn raw_bool(conn: &mut PgConnection, sql: &'static str, id: i64) -> Res<bool> {
+    raw_spin();
     // Persistent (the default): prepared once per connection, then Bind/Execute/Sync.
     sqlx::query_scalar::<_, bool>(sql)
         .bind(id)
@@ -309,6 +328,7 @@ impl Holder {
                 .map(Held::Guard)
                 .map_err(err),
             Holder::Raw(conn) => {
+                raw_spin();
                 sqlx::query(LOCK)
                     .bind(key.id)
                     .execute(conn)
@@ -330,6 +350,7 @@ impl Holder {
             }
             Holder::PooledRaw(pool) => {
                 let mut conn = checkout(pool).await?;
+                raw_spin();
                 sqlx::query(LOCK)
                     .bind(key.id)
                     .execute(&mut *conn)

@@ -34,7 +34,7 @@ impl CpuClock {
 }
 
 /// CPU nanoseconds used over a timed window.
-pub struct CpuUsed(u64);
+pub struct CpuUsed(pub u64);
 
 impl CpuUsed {
     /// Microseconds per op, rounded to 3 decimals (`null` without ops).

@@ -8,9 +8,9 @@ use sqlx::{Connection, PgConnection};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use crate::cli::Args;
-use crate::harness::{Apps, Sampler, connect, count_held, count_sessions, held_elsewhere};
+use crate::harness::{Apps, Clocks, Sampler, connect, count_held, count_sessions, held_elsewhere};
 use crate::libs::{Held, Holder, Key, Lib, LibKind, Res, err};
-use crate::stats::{CpuClock, Latencies, jain, mono_ns, ns_to_ms, pct, result};
+use crate::stats::{Latencies, jain, mono_ns, ns_to_ms, pct, result};
 
 fn log(msg: &str) {
     eprintln!("{msg}");
@@ -128,7 +128,7 @@ async fn w1_body(
     let mut lat: Vec<i64> = Vec::with_capacity(1 << 16);
     let mut errors = 0u64;
     let mut n = 0u64;
-    let cpu = CpuClock::start();
+    let cpu = Clocks::start(probe, &apps.lib).await?;
     let t0 = Instant::now();
     let budget = timed_budget(args, t0);
     let mut e = t0;
@@ -146,7 +146,7 @@ async fn w1_body(
         n += 1;
     }
     let elapsed = (e - t0).as_secs_f64();
-    let cpu_us = cpu.stop().per_op_us(n);
+    let cpu = cpu.stop(probe).await?;
     let conns = stop_sampler(sampler, probe, &apps.lib).await?;
     let ids: Vec<i64> = keys.iter().map(|k| k.id).collect();
     let leaked = count_held(probe, &ids).await?;
@@ -159,6 +159,11 @@ async fn w1_body(
          leaked={leaked} connections={conns}",
         pass(correct)
     ));
+    let mut detail = json!({"n": n, "elapsed_s": (elapsed * 1000.0).round() / 1000.0,
+        "distinct_keys": nkeys, "seen_held": seen_held, "seen_free": seen_free, "errors": errors,
+        "leaked": leaked, "fixed_cycles": args.cycles.is_some(), "tail": lat.tail(),
+        "latency": "acquire+release per cycle"});
+    cpu.record(&mut detail, n);
     Ok(result(
         &label,
         wl,
@@ -167,11 +172,7 @@ async fn w1_body(
         lat.p99(),
         correct,
         conns,
-        json!({"n": n, "elapsed_s": (elapsed * 1000.0).round() / 1000.0, "distinct_keys": nkeys,
-               "client_cpu_us": cpu_us,
-               "seen_held": seen_held, "seen_free": seen_free, "errors": errors,
-               "leaked": leaked, "fixed_cycles": args.cycles.is_some(), "tail": lat.tail(),
-               "latency": "acquire+release per cycle"}),
+        detail,
     ))
 }
 
@@ -230,7 +231,7 @@ async fn w2_body(
     let sampler = start_sampler(args, dsn, apps).await?;
     let mut lat: Vec<i64> = Vec::with_capacity(1 << 16);
     let (mut n, mut errors) = (0u64, 0u64);
-    let cpu = CpuClock::start();
+    let cpu = Clocks::start(probe, &apps.lib).await?;
     let t0 = Instant::now();
     let budget = timed_budget(args, t0);
     let mut e = t0;
@@ -250,7 +251,7 @@ async fn w2_body(
         n += 1;
     }
     let elapsed = (e - t0).as_secs_f64();
-    let cpu_us = cpu.stop().per_op_us(n);
+    let cpu = cpu.stop(probe).await?;
     let conns = stop_sampler(sampler, probe, &apps.lib).await?;
     let held_after = held_elsewhere(probe, key.id).await?;
     ph.release(peer_held).await?;
@@ -264,6 +265,10 @@ async fn w2_body(
          errors={errors} connections={conns}",
         pass(correct)
     ));
+    let mut detail = json!({"n": n, "elapsed_s": (elapsed * 1000.0).round() / 1000.0,
+        "wrongly_granted": wrong, "errors": errors, "fixed_cycles": args.cycles.is_some(),
+        "tail": lat.tail(), "latency": "one failed try"});
+    cpu.record(&mut detail, n);
     Ok(result(
         &label,
         wl,
@@ -272,9 +277,7 @@ async fn w2_body(
         lat.p99(),
         correct,
         conns,
-        json!({"n": n, "elapsed_s": (elapsed * 1000.0).round() / 1000.0, "client_cpu_us": cpu_us,
-               "wrongly_granted": wrong, "errors": errors, "fixed_cycles": args.cycles.is_some(),
-               "tail": lat.tail(), "latency": "one failed try"}),
+        detail,
     ))
 }
 
@@ -727,7 +730,7 @@ async fn w4_body(args: &Args, lib: &Lib, apps: &Apps, probe: &mut PgConnection) 
     }
     let mut lat: Vec<i64> = Vec::with_capacity(4096);
     let mut errors = 0u64;
-    let cpu = CpuClock::start();
+    let cpu = Clocks::start(probe, &apps.lib).await?;
     let t0 = Instant::now();
     let deadline = t0 + secs(args.duration);
     let mut e = t0;
@@ -742,7 +745,7 @@ async fn w4_body(args: &Args, lib: &Lib, apps: &Apps, probe: &mut PgConnection) 
         lat.push((e - s).as_nanos() as i64);
     }
     let elapsed = (e - t0).as_secs_f64();
-    let cpu_us = cpu.stop().per_op_us((lat.len() * k_count) as u64);
+    let cpu = cpu.stop(probe).await?;
     // Anything still held after an error goes back before the leak check.
     while let Some(x) = held.pop() {
         let _ = h.release(x).await;
@@ -765,6 +768,13 @@ async fn w4_body(args: &Args, lib: &Lib, apps: &Apps, probe: &mut PgConnection) 
          seen_free={seen_free}/{k_count} leaked={leaked}",
         pass(correct)
     ));
+    let mut detail = json!({"rounds": rounds, "K": k_count,
+        "elapsed_s": (elapsed * 1000.0).round() / 1000.0, "connections_before": before,
+        "seen_held": seen_held, "bulk_held": bulk_held, "seen_free": seen_free, "leaked": leaked,
+        "errors": errors, "tail": lat.tail(),
+        "ops": "keys per second (one acquire + one release each)",
+        "latency": "one round: acquire K keys then release K"});
+    cpu.record(&mut detail, (rounds * k_count) as u64);
     Ok(result(
         &label,
         wl,
@@ -773,11 +783,7 @@ async fn w4_body(args: &Args, lib: &Lib, apps: &Apps, probe: &mut PgConnection) 
         lat.p99(),
         correct,
         conns_held,
-        json!({"rounds": rounds, "K": k_count, "elapsed_s": (elapsed * 1000.0).round() / 1000.0,
-               "client_cpu_us": cpu_us, "connections_before": before, "seen_held": seen_held, "bulk_held": bulk_held,
-               "seen_free": seen_free, "leaked": leaked, "errors": errors, "tail": lat.tail(),
-               "ops": "keys per second (one acquire + one release each)",
-               "latency": "one round: acquire K keys then release K"}),
+        detail,
     ))
 }
 
@@ -888,11 +894,11 @@ async fn w5_body(
     }
 
     let sampler = start_sampler(args, dsn, apps).await?;
-    let cpu = CpuClock::start();
+    let cpu = Clocks::start(probe, &apps.lib).await?;
     let t0 = Instant::now();
     let deadline = t0 + secs(args.duration);
     let timed = w5_phase(holders, &keys, deadline).await?;
-    let cpu = cpu.stop();
+    let cpu = cpu.stop(probe).await?;
     let conns = stop_sampler(sampler, probe, &apps.lib).await?;
     // Before the library closes (pglock's manager releases everything it still holds then).
     let leaked = count_held(probe, &ids).await?;
@@ -935,7 +941,6 @@ async fn w5_body(
         conns,
         json!({
             "n": ops, "completed": lat.0.len(), "duration_s": args.duration,
-            "client_cpu_us": cpu.per_op_us(lat.0.len() as u64),
             "drain_s": round3((end - deadline).as_secs_f64()),
             "seen_held": seen_held, "seen_free": seen_free, "errors": errors.len(),
             "first_errors": errors.iter().take(3).collect::<Vec<_>>(), "leaked": leaked,
@@ -950,6 +955,7 @@ async fn w5_body(
             "latency": "acquire+release per cycle, one task's",
         }),
     );
+    cpu.record(&mut line["detail"], lat.0.len() as u64);
     line["tasks"] = json!(n_tasks);
     Ok(line)
 }
