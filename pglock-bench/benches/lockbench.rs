@@ -146,7 +146,6 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    libs::RAW_SPIN.store(args.raw_spin, std::sync::atomic::Ordering::Relaxed);
     let dsn = resolve_dsn(&args);
     let rt = runtime();
     if args.w3_worker {

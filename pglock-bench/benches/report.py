@@ -16,7 +16,8 @@ many reps were correct, the largest connection count, the ratio to the baseline 
 median over reps of the ratio taken within each rep, so a machine that drifts between reps does
 not skew it), and the client's and the server's CPU time per op (median; W1, W2, W4 and W5),
 which show a library's own cost even where the ops/s are set by how fast the server's answers
-arrive. The server's column is empty for a server on another machine.
+arrive. The server's column shows `-` where the bench could not see the server's processes
+(another machine, another pid namespace).
 
 `--pin CPUS` (`0`, or `0,2`) runs the bench on those CPUs together with every process named
 `postgres` on the machine (found with `pgrep`; other clusters too), and gives those processes

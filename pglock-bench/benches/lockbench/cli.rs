@@ -39,8 +39,9 @@ Workload flags:
   --counter-sync-commit X synchronous_commit of the W3 counter connections (default off)
 
 This binary's knobs:
-  --lib LIST              comma list of pglock, pglock_defaultpool, sqlx_raw, sqlx_advisory, noop
-                          (default: all but noop). Several libs run workload by workload,
+  --lib LIST              comma list of pglock, pglock_defaultpool, sqlx_raw, sqlx_advisory, noop,
+                          sqlx_raw_x (the raw floor with the --raw-* knobs below; default: the
+                          first four). Several libs run workload by workload,
                           interleaved, in one process.
   --pool-max N            max_connections of pglock's pools (default: sqlx's, 10); adds `_pool<N>`
   --pglock-tracing on|off the manager's tracing spans (default on; off adds `_notrace` to the label)
@@ -51,8 +52,12 @@ This binary's knobs:
   --warmup-cycles N       untimed ops before the timed ones in --cycles mode (default 200)
   --log-statements        set log_statement=all on the lock connections (superuser DSN), to
                           read what each op sends in the server log
-  --raw-spin N            sqlx_raw: N rounds of register-only arithmetic before each statement, a
-                          known client-only cost for calibrating the CPU columns; adds `_spin<N>`
+  --raw-spin N            sqlx_raw_x: N rounds of arithmetic (no memory but its own stack slot)
+                          before each statement, a known client-only cost for calibrating the
+                          CPU columns; adds `_spin<N>` to the label
+  --raw-try-sql SQL       sqlx_raw_x: this try statement instead of `SELECT pg_try_advisory_lock($1)`
+                          ($1 the key's id, a boolean first column), to price another statement
+                          shape; adds `_trysql` to the label
 ";
 
 #[derive(Debug, Clone)]
@@ -78,6 +83,7 @@ pub struct Args {
     pub warmup_cycles: u64,
     pub log_statements: bool,
     pub raw_spin: u64,
+    pub raw_try_sql: Option<String>,
     // W3 worker mode (spawned by the W3 parent; not for humans).
     pub w3_worker: bool,
     pub run_id: Option<String>,
@@ -108,6 +114,7 @@ impl Default for Args {
             warmup_cycles: 200,
             log_statements: false,
             raw_spin: 0,
+            raw_try_sql: None,
             w3_worker: false,
             run_id: None,
             worker_tasks: 1,
@@ -138,6 +145,9 @@ impl Args {
         }
         if self.raw_spin > 0 {
             out.extend(["--raw-spin".to_owned(), self.raw_spin.to_string()]);
+        }
+        if let Some(sql) = &self.raw_try_sql {
+            out.extend(["--raw-try-sql".to_owned(), sql.clone()]);
         }
         out
     }
@@ -216,6 +226,7 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
             "--cycles" => a.cycles = Some(num(&flag, &value()?)?),
             "--warmup-cycles" => a.warmup_cycles = num(&flag, &value()?)?,
             "--raw-spin" => a.raw_spin = num(&flag, &value()?)?,
+            "--raw-try-sql" => a.raw_try_sql = Some(value()?),
             "--run-id" => a.run_id = Some(value()?),
             "--_w3-tasks" => a.worker_tasks = num(&flag, &value()?)?,
             "--counter-id" => a.counter_id = num(&flag, &value()?)?,

@@ -1,4 +1,5 @@
-//! The harness's own connections: probes, the leak query, the connection sampler.
+//! The harness's own connections: probes, the leak query, the connection sampler, and the
+//! CPU clocks of a timed window (the client's, and the server's on the lib's sessions).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -15,9 +16,10 @@ pub const COUNTER_TABLE_DDL: &str =
 
 const BACKENDS_SQL: &str = "SELECT pid FROM pg_stat_activity WHERE application_name = $1";
 
-/// True when the probe reached the server over a Unix socket (no server address) or loopback.
-const LOCAL_SERVER_SQL: &str = "SELECT coalesce(inet_server_addr() <<= '127.0.0.0/8'::inet \
-    OR inet_server_addr() = '::1'::inet, true)";
+/// The probe's own backend, and how that backend's process title names its client: `(port)`
+/// over TCP, `[local]` over a Unix socket.
+const PROBE_BACKEND_SQL: &str =
+    "SELECT pg_backend_pid(), coalesce('(' || inet_client_port() || ')', '[local]')";
 
 const COUNT_SQL: &str = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1";
 
@@ -123,8 +125,8 @@ impl Sampler {
     }
 }
 
-/// The CPU time of a timed window: the client's (this process) and, where the server runs on
-/// this machine, the server's on the lib's sessions.
+/// The CPU time of a timed window: the client's (this process) and, where the server's
+/// processes are visible from here, the server's on the lib's sessions.
 pub struct Clocks {
     client: CpuClock,
     server: Option<HashMap<i32, u64>>,
@@ -139,14 +141,10 @@ pub struct CpuWindow {
 
 impl Clocks {
     /// Reads the backends of the sessions named `app` first, then starts the client's clock,
-    /// so the probe's own query is not in the window.
+    /// so the probe's own queries are not in the window.
     pub async fn start(probe: &mut PgConnection, app: &str) -> Res<Clocks> {
-        let local: bool = sqlx::query_scalar(LOCAL_SERVER_SQL)
-            .fetch_one(&mut *probe)
-            .await
-            .map_err(err)?;
-        let server = if local {
-            backends_cpu(probe, app).await?
+        let server = if server_is_visible(probe).await? {
+            Some(backends_cpu(probe, app).await?)
         } else {
             None
         };
@@ -162,13 +160,14 @@ impl Clocks {
     pub async fn stop(self, probe: &mut PgConnection) -> Res<CpuWindow> {
         let client = self.client.stop();
         let server = match self.server {
-            Some(start) => backends_cpu(probe, &self.app).await?.map(|end| {
+            Some(start) => {
+                let end = backends_cpu(probe, &self.app).await?;
                 let ns = end
                     .iter()
                     .map(|(pid, t)| t.saturating_sub(start.get(pid).copied().unwrap_or(0)))
                     .sum();
-                CpuUsed(ns)
-            }),
+                Some(CpuUsed::from_ns(ns))
+            }
             None => None,
         };
         Ok(CpuWindow { client, server })
@@ -177,7 +176,8 @@ impl Clocks {
 
 impl CpuWindow {
     /// Writes `client_cpu_us` and `server_cpu_us` per op into a result line's `detail`
-    /// (`server_cpu_us` is `null` where the server's backends could not be read).
+    /// (`server_cpu_us` is `null` where the server's processes are not visible from here, or
+    /// without ops).
     pub fn record(&self, detail: &mut serde_json::Value, ops: u64) {
         let server = self
             .server
@@ -188,9 +188,24 @@ impl CpuWindow {
     }
 }
 
-/// Each of `app`'s backends' CPU time so far (`/proc/<pid>/schedstat`, nanoseconds on a CPU),
-/// or `None` when one cannot be read: no such `postgres` process on this machine.
-async fn backends_cpu(probe: &mut PgConnection, app: &str) -> Res<Option<HashMap<i32, u64>>> {
+/// True when the server's backends are processes of this machine, in this pid namespace: the
+/// probe's own backend is a `postgres` process here whose title names the probe's client port.
+/// (A loopback address alone would not say so: a server in a container can share a network
+/// namespace without sharing pids.)
+async fn server_is_visible(probe: &mut PgConnection) -> Res<bool> {
+    let (pid, client): (i32, String) = sqlx::query_as(PROBE_BACKEND_SQL)
+        .fetch_one(probe)
+        .await
+        .map_err(err)?;
+    let title = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|raw| String::from_utf8_lossy(&raw).into_owned())
+        .unwrap_or_default();
+    Ok(title.starts_with("postgres") && title.contains(&client))
+}
+
+/// Each of `app`'s backends' CPU time so far (`/proc/<pid>/schedstat`: nanoseconds on a CPU).
+/// A backend that ended between the query and the read is left out.
+async fn backends_cpu(probe: &mut PgConnection, app: &str) -> Res<HashMap<i32, u64>> {
     let pids: Vec<i32> = sqlx::query_scalar(BACKENDS_SQL)
         .bind(app)
         .fetch_all(probe)
@@ -198,15 +213,11 @@ async fn backends_cpu(probe: &mut PgConnection, app: &str) -> Res<Option<HashMap
         .map_err(err)?;
     Ok(pids
         .into_iter()
-        .map(|pid| Some((pid, backend_cpu_ns(pid)?)))
+        .filter_map(|pid| Some((pid, backend_cpu_ns(pid)?)))
         .collect())
 }
 
 fn backend_cpu_ns(pid: i32) -> Option<u64> {
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-    if comm.trim_end() != "postgres" {
-        return None;
-    }
     let schedstat = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?;
     schedstat.split_whitespace().next()?.parse().ok()
 }

@@ -5,6 +5,8 @@
 //! * `pglock_defaultpool`: the same on a pool with sqlx's default options, all of them (10
 //!   connections at most), whatever the number of keys.
 //! * `sqlx_raw`: the bare statements on one connection per holder, prepared (the floor).
+//! * `sqlx_raw_x`: the same floor with the `--raw-spin` and `--raw-try-sql` knobs applied, to run
+//!   next to the plain one in the same process (calibration and statement-shape experiments).
 //! * `sqlx_advisory`: sqlx's own [`PgAdvisoryLock`], one connection per holder.
 //! * `noop`: a lock that excludes nothing, the negative control.
 //!
@@ -12,7 +14,6 @@
 //! instead: one pool with sqlx's default options, from which each lock takes a connection
 //! (checkout, lock, unlock, return), as a service without a lock library would write it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use pglock::{LockGuard, LockManager, LockManagerExt, PostgresLockManager};
@@ -35,6 +36,7 @@ pub enum LibKind {
     Pglock,
     PglockDefaultPool,
     SqlxRaw,
+    SqlxRawX,
     SqlxAdvisory,
     Noop,
 }
@@ -45,6 +47,7 @@ impl LibKind {
             "pglock" => LibKind::Pglock,
             "pglock_defaultpool" => LibKind::PglockDefaultPool,
             "sqlx_raw" => LibKind::SqlxRaw,
+            "sqlx_raw_x" => LibKind::SqlxRawX,
             "sqlx_advisory" => LibKind::SqlxAdvisory,
             "noop" => LibKind::Noop,
             _ => return None,
@@ -56,6 +59,7 @@ impl LibKind {
             LibKind::Pglock => "pglock",
             LibKind::PglockDefaultPool => "pglock_defaultpool",
             LibKind::SqlxRaw => "sqlx_raw",
+            LibKind::SqlxRawX => "sqlx_raw_x",
             LibKind::SqlxAdvisory => "sqlx_advisory",
             LibKind::Noop => "noop",
         }
@@ -65,11 +69,21 @@ impl LibKind {
         matches!(self, LibKind::Pglock | LibKind::PglockDefaultPool)
     }
 
+    /// One of the two floors that send the bare statements, `sqlx_raw` and `sqlx_raw_x`.
+    pub fn is_raw(self) -> bool {
+        matches!(self, LibKind::SqlxRaw | LibKind::SqlxRawX)
+    }
+
     /// The `lib` field: the name plus a suffix for any non-default knob.
     pub fn label(self, args: &Args) -> String {
         let mut label = self.name().to_owned();
-        if self == LibKind::SqlxRaw && args.raw_spin > 0 {
-            label.push_str(&format!("_spin{}", args.raw_spin));
+        if self == LibKind::SqlxRawX {
+            if args.raw_spin > 0 {
+                label.push_str(&format!("_spin{}", args.raw_spin));
+            }
+            if args.raw_try_sql.is_some() {
+                label.push_str("_trysql");
+            }
         }
         if self.is_pglock() {
             if let Some(max) = args.pool_max {
@@ -117,6 +131,7 @@ pub struct Lib {
     /// The sqlx floors' shared pool in W5 ([`Lib::start_pooled`]); `None` elsewhere.
     pool: Option<PgPool>,
     acquire_timeout: Option<Duration>,
+    raw: RawKnobs,
 }
 
 impl Lib {
@@ -139,6 +154,11 @@ impl Lib {
             manager,
             pool: None,
             acquire_timeout: args.acquire_timeout.map(Duration::from_secs_f64),
+            raw: if kind == LibKind::SqlxRawX {
+                RawKnobs::from_args(args)
+            } else {
+                RawKnobs::PLAIN
+            },
         })
     }
 
@@ -147,7 +167,7 @@ impl Lib {
     /// pooled connection taken per lock. `noop` as ever.
     pub fn start_pooled(kind: LibKind, dsn: &str, app: &str, args: &Args) -> Res<Lib> {
         let mut lib = Lib::start(kind, dsn, app, args)?;
-        if matches!(kind, LibKind::SqlxRaw | LibKind::SqlxAdvisory) {
+        if kind.is_raw() || kind == LibKind::SqlxAdvisory {
             lib.pool = Some(default_pool(&lib.opts, args));
         }
         Ok(lib)
@@ -167,17 +187,18 @@ impl Lib {
                 let manager = self.manager.clone().expect("pglock libs have a manager");
                 Holder::Pglock(manager, self.acquire_timeout)
             }
-            LibKind::SqlxRaw | LibKind::SqlxAdvisory if self.pool.is_some() => {
+            LibKind::SqlxRaw | LibKind::SqlxRawX | LibKind::SqlxAdvisory if self.pool.is_some() => {
                 let pool = self.pool.clone().expect("checked just above");
-                if self.kind == LibKind::SqlxRaw {
-                    Holder::PooledRaw(pool)
+                if self.kind.is_raw() {
+                    Holder::PooledRaw(pool, self.raw)
                 } else {
                     Holder::PooledAdvisory(pool)
                 }
             }
-            LibKind::SqlxRaw => {
-                Holder::Raw(PgConnection::connect_with(&self.opts).await.map_err(err)?)
-            }
+            LibKind::SqlxRaw | LibKind::SqlxRawX => Holder::Raw(
+                PgConnection::connect_with(&self.opts).await.map_err(err)?,
+                self.raw,
+            ),
             LibKind::SqlxAdvisory => {
                 Holder::Advisory(PgConnection::connect_with(&self.opts).await.map_err(err)?)
             }
@@ -233,11 +254,11 @@ pub enum Holder {
     /// as the manager's docs prescribe (one manager per process). The timeout is what
     /// `acquire` is given (`None` unless `--acquire-timeout`).
     Pglock(PostgresLockManager, Option<Duration>),
-    Raw(PgConnection),
+    Raw(PgConnection, RawKnobs),
     Advisory(PgConnection),
     /// W5's `sqlx_raw`: a connection from the shared default pool per lock, the bare
     /// statements on it.
-    PooledRaw(PgPool),
+    PooledRaw(PgPool, RawKnobs),
     /// W5's `sqlx_advisory`: a connection from the shared default pool per lock,
     /// `PgAdvisoryLock` on it.
     PooledAdvisory(PgPool),
@@ -265,22 +286,46 @@ async fn checkout(pool: &PgPool) -> Res<PoolConnection<Postgres>> {
     pool.acquire().await.map_err(err)
 }
 
-/// `--raw-spin`: set once by `main`, read by every `sqlx_raw` statement.
-pub static RAW_SPIN: AtomicU64 = AtomicU64::new(0);
-
-/// `--raw-spin`'s client-only cost: a chain of dependent multiply-adds in registers, no memory
-/// touched, so it adds CPU time and nothing the server could feel through a shared cache.
-fn raw_spin() {
-    let rounds = RAW_SPIN.load(Ordering::Relaxed);
-    let mut x = 0u64;
-    for i in 0..rounds {
-        x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
-    }
-    std::hint::black_box(x);
+/// The raw floors' experiment knobs, `--raw-spin` and `--raw-try-sql`: applied to `sqlx_raw_x`
+/// only, so that it runs next to a plain `sqlx_raw` in the same process.
+#[derive(Debug, Clone, Copy)]
+pub struct RawKnobs {
+    spin: u64,
+    try_sql: &'static str,
 }
 
-async fn raw_bool(conn: &mut PgConnection, sql: &'static str, id: i64) -> Res<bool> {
-    raw_spin();
+impl RawKnobs {
+    const PLAIN: RawKnobs = RawKnobs {
+        spin: 0,
+        try_sql: TRY_LOCK,
+    };
+
+    fn from_args(args: &Args) -> RawKnobs {
+        RawKnobs {
+            spin: args.raw_spin,
+            // Leaked once per library: sqlx takes the statement as `&'static str`, as it
+            // takes the constants.
+            try_sql: args
+                .raw_try_sql
+                .as_ref()
+                .map_or(TRY_LOCK, |sql| Box::leak(sql.clone().into_boxed_str())),
+        }
+    }
+
+    /// `--raw-spin`'s client-only cost: a chain of dependent multiply-adds that touches
+    /// nothing but its own stack slot (`black_box`), so it adds CPU time and next to nothing
+    /// the server could feel through a shared cache.
+    fn spin(self) {
+        let mut x = 0u64;
+        for i in 0..self.spin {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+        }
+        std::hint::black_box(x);
+    }
+}
+
+async fn raw_bool(conn: &mut PgConnection, raw: RawKnobs, sql: &'static str, id: i64) -> Res<bool> {
+    raw.spin();
     // Persistent (the default): prepared once per connection, then Bind/Execute/Sync.
     sqlx::query_scalar::<_, bool>(sql)
         .bind(id)
@@ -300,16 +345,16 @@ impl Holder {
             )
         };
         match self {
-            Holder::Raw(conn) => {
-                if raw_bool(conn, TRY_LOCK, key.id).await? {
+            Holder::Raw(conn, raw) => {
+                if raw_bool(conn, *raw, raw.try_sql, key.id).await? {
                     Ok(Held::Id(key.id))
                 } else {
                     Err(refused())
                 }
             }
-            Holder::PooledRaw(pool) => {
+            Holder::PooledRaw(pool, raw) => {
                 let mut conn = checkout(pool).await?;
-                if raw_bool(&mut conn, TRY_LOCK, key.id).await? {
+                if raw_bool(&mut conn, *raw, raw.try_sql, key.id).await? {
                     Ok(Held::PooledId(conn, key.id))
                 } else {
                     Err(refused())
@@ -327,8 +372,8 @@ impl Holder {
                 .await
                 .map(Held::Guard)
                 .map_err(err),
-            Holder::Raw(conn) => {
-                raw_spin();
+            Holder::Raw(conn, raw) => {
+                raw.spin();
                 sqlx::query(LOCK)
                     .bind(key.id)
                     .execute(conn)
@@ -348,9 +393,9 @@ impl Holder {
                 guard.leak();
                 Ok(Held::Advisory(lock.clone()))
             }
-            Holder::PooledRaw(pool) => {
+            Holder::PooledRaw(pool, raw) => {
                 let mut conn = checkout(pool).await?;
-                raw_spin();
+                raw.spin();
                 sqlx::query(LOCK)
                     .bind(key.id)
                     .execute(&mut *conn)
@@ -386,8 +431,8 @@ impl Holder {
                 }
                 Err(e) => Err(err(e)),
             },
-            (Holder::Raw(conn), Held::Id(id)) => {
-                if raw_bool(conn, UNLOCK, id).await? {
+            (Holder::Raw(conn, raw), Held::Id(id)) => {
+                if raw_bool(conn, *raw, UNLOCK, id).await? {
                     Ok(())
                 } else {
                     Err(format!("pg_advisory_unlock({id}) returned false: not held"))
@@ -402,8 +447,8 @@ impl Holder {
                 }
             }
             // The pooled connection goes back to the pool when dropped, after the unlock.
-            (Holder::PooledRaw(_), Held::PooledId(mut conn, id)) => {
-                if raw_bool(&mut conn, UNLOCK, id).await? {
+            (Holder::PooledRaw(_, raw), Held::PooledId(mut conn, id)) => {
+                if raw_bool(&mut conn, *raw, UNLOCK, id).await? {
                     Ok(())
                 } else {
                     Err(format!("pg_advisory_unlock({id}) returned false: not held"))
@@ -435,7 +480,7 @@ impl Holder {
                 .await
                 .map(|guard| guard.map(LockGuard::leak).is_some())
                 .map_err(err),
-            Holder::Raw(conn) => raw_bool(conn, TRY_LOCK, key.id).await,
+            Holder::Raw(conn, raw) => raw_bool(conn, *raw, raw.try_sql, key.id).await,
             Holder::Advisory(conn) => {
                 let lock = key
                     .adv
@@ -451,7 +496,7 @@ impl Holder {
             }
             // Only W5 builds pooled holders, and W5 takes no tries: a granted try would leave
             // the lock on a connection back in the pool, out of `release_tried`'s reach.
-            Holder::PooledRaw(_) | Holder::PooledAdvisory(_) => {
+            Holder::PooledRaw(..) | Holder::PooledAdvisory(_) => {
                 Err("the pooled floors (W5) take no tries".into())
             }
             Holder::Noop => {
@@ -465,7 +510,7 @@ impl Holder {
     pub async fn release_tried(&mut self, key: &Key) -> Res<()> {
         match self {
             Holder::Pglock(manager, _) => manager.release(&key.name).await.map_err(err),
-            Holder::Raw(_) => self.release(Held::Id(key.id)).await,
+            Holder::Raw(..) => self.release(Held::Id(key.id)).await,
             Holder::Advisory(_) => {
                 let lock = key
                     .adv
@@ -473,7 +518,7 @@ impl Holder {
                     .expect("sqlx_advisory keys carry their lock");
                 self.release(Held::Advisory(lock)).await
             }
-            Holder::PooledRaw(_) | Holder::PooledAdvisory(_) => {
+            Holder::PooledRaw(..) | Holder::PooledAdvisory(_) => {
                 Err("the pooled floors (W5) take no tries".into())
             }
             Holder::Noop => Ok(()),
@@ -482,12 +527,12 @@ impl Holder {
 
     pub async fn close(self) {
         match self {
-            Holder::Raw(conn) | Holder::Advisory(conn) => {
+            Holder::Raw(conn, _) | Holder::Advisory(conn) => {
                 let _ = conn.close().await;
             }
             // A pool closes with its `Lib`.
             Holder::Pglock(..)
-            | Holder::PooledRaw(_)
+            | Holder::PooledRaw(..)
             | Holder::PooledAdvisory(_)
             | Holder::Noop => {}
         }

@@ -34,9 +34,13 @@ impl CpuClock {
 }
 
 /// CPU nanoseconds used over a timed window.
-pub struct CpuUsed(pub u64);
+pub struct CpuUsed(u64);
 
 impl CpuUsed {
+    pub fn from_ns(ns: u64) -> Self {
+        CpuUsed(ns)
+    }
+
     /// Microseconds per op, rounded to 3 decimals (`null` without ops).
     pub fn per_op_us(&self, ops: u64) -> Value {
         if ops == 0 {

@@ -864,7 +864,9 @@ async fn w5_body(
     let wl = "W5_concurrent";
     let mut label = lib.kind.label(args);
     // The pooled floors' pool follows --pool-max too; say so as pglock's labels do.
-    if let (LibKind::SqlxRaw | LibKind::SqlxAdvisory, Some(max)) = (lib.kind, args.pool_max) {
+    if let (LibKind::SqlxRaw | LibKind::SqlxRawX | LibKind::SqlxAdvisory, Some(max)) =
+        (lib.kind, args.pool_max)
+    {
         label.push_str(&format!("_pool{max}"));
     }
     let keys: Vec<Key> = (0..n_tasks).map(|i| lib.key(&apps.run_id, wl, i)).collect();
@@ -947,7 +949,9 @@ async fn w5_body(
             "per_task_min": pt_min, "per_task_max": pt_max, "fairness_jain": round3(fairness),
             "tail": lat.tail(),
             "pool": match lib.kind {
-                LibKind::SqlxRaw | LibKind::SqlxAdvisory => "default pool, a connection per lock",
+                LibKind::SqlxRaw | LibKind::SqlxRawX | LibKind::SqlxAdvisory => {
+                    "default pool, a connection per lock"
+                }
                 LibKind::Pglock | LibKind::PglockDefaultPool => "one manager",
                 LibKind::Noop => "none",
             },
