@@ -589,8 +589,10 @@ impl Campaign {
         });
         // Recorded before the term is published, so whoever sees it sees the metrics too.
         let measured = self.metrics.won(vacant_since.elapsed());
-        self.terms.send_replace(Some(Arc::clone(&term)));
+        // Leadership first, then the term (and the reverse at the end): whoever has entered
+        // the term (`wait_for_leadership`, `run_as_leader`) already sees itself the leader.
         self.leadership.send_replace(Leadership::Leader(info));
+        self.terms.send_replace(Some(Arc::clone(&term)));
         if self.tracing {
             tracing::info!(parent: &span, "became leader");
         }
