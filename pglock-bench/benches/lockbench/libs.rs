@@ -70,8 +70,14 @@ impl LibKind {
     }
 
     /// One of the two floors that send the bare statements, `sqlx_raw` and `sqlx_raw_x`.
-    pub fn is_raw(self) -> bool {
+    fn is_raw(self) -> bool {
         matches!(self, LibKind::SqlxRaw | LibKind::SqlxRawX)
+    }
+
+    /// One of the sqlx floors (the raw ones and `sqlx_advisory`), which W5 runs on a shared
+    /// default pool, a connection per lock.
+    pub fn is_sqlx_floor(self) -> bool {
+        self.is_raw() || self == LibKind::SqlxAdvisory
     }
 
     /// The `lib` field: the name plus a suffix for any non-default knob.
@@ -167,7 +173,7 @@ impl Lib {
     /// pooled connection taken per lock. `noop` as ever.
     pub fn start_pooled(kind: LibKind, dsn: &str, app: &str, args: &Args) -> Res<Lib> {
         let mut lib = Lib::start(kind, dsn, app, args)?;
-        if kind.is_raw() || kind == LibKind::SqlxAdvisory {
+        if kind.is_sqlx_floor() {
             lib.pool = Some(default_pool(&lib.opts, args));
         }
         Ok(lib)
@@ -187,7 +193,7 @@ impl Lib {
                 let manager = self.manager.clone().expect("pglock libs have a manager");
                 Holder::Pglock(manager, self.acquire_timeout)
             }
-            LibKind::SqlxRaw | LibKind::SqlxRawX | LibKind::SqlxAdvisory if self.pool.is_some() => {
+            kind if kind.is_sqlx_floor() && self.pool.is_some() => {
                 let pool = self.pool.clone().expect("checked just above");
                 if self.kind.is_raw() {
                     Holder::PooledRaw(pool, self.raw)

@@ -864,9 +864,7 @@ async fn w5_body(
     let wl = "W5_concurrent";
     let mut label = lib.kind.label(args);
     // The pooled floors' pool follows --pool-max too; say so as pglock's labels do.
-    if let (LibKind::SqlxRaw | LibKind::SqlxRawX | LibKind::SqlxAdvisory, Some(max)) =
-        (lib.kind, args.pool_max)
-    {
+    if let Some(max) = args.pool_max.filter(|_| lib.kind.is_sqlx_floor()) {
         label.push_str(&format!("_pool{max}"));
     }
     let keys: Vec<Key> = (0..n_tasks).map(|i| lib.key(&apps.run_id, wl, i)).collect();
@@ -949,11 +947,9 @@ async fn w5_body(
             "per_task_min": pt_min, "per_task_max": pt_max, "fairness_jain": round3(fairness),
             "tail": lat.tail(),
             "pool": match lib.kind {
-                LibKind::SqlxRaw | LibKind::SqlxRawX | LibKind::SqlxAdvisory => {
-                    "default pool, a connection per lock"
-                }
-                LibKind::Pglock | LibKind::PglockDefaultPool => "one manager",
+                kind if kind.is_sqlx_floor() => "default pool, a connection per lock",
                 LibKind::Noop => "none",
+                _ => "one manager",
             },
             "ops": "acquire+release cycles of all tasks, ended by the deadline, per second",
             "latency": "acquire+release per cycle, one task's",
