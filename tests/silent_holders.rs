@@ -224,6 +224,111 @@ fn name_key<'a>(name: &str, own: &'a str, contended: &'a str) -> &'a str {
     if name == "own" { own } else { contended }
 }
 
+const WAITER_ROLE: &str = "pglock-frozen-waiter=";
+
+#[tokio::test]
+async fn a_waiter_frozen_in_the_queue_holds_the_lock_granted_meanwhile_no_longer_than_the_bound() {
+    if let Some(spec) = role(WAITER_ROLE) {
+        return frozen_waiter(&spec).await;
+    }
+    // The server grants a lock to the first session in its queue whether or not that
+    // session's process runs: a waiter frozen there holds the key, unknowingly, from the
+    // grant. The server then hears nothing from it, so it ends the session within the bound of
+    // the grant, and the next in line gets the key; the waiter, running again, does not take a
+    // grant made to a session that has since ended, and waits again.
+    let observer = observer().await;
+    let pool = pool_named(4, &common::app_name("frozen-waiter-rival")).await;
+    let fencing = format!("silent_fencing_{}", uuid::Uuid::new_v4().simple());
+    let rival = silent_manager(pool, &fencing);
+    let key = key("frozen-waiter");
+    let first = rival.acquire(&key, None).await.expect("acquire");
+    let mut child = Reaped(spawn_self(
+        "a_waiter_frozen_in_the_queue_holds_the_lock_granted_meanwhile_no_longer_than_the_bound",
+        WAITER_ROLE,
+        &format!("{key}|{fencing}"),
+    ));
+    let output = ChildOutput::read(child.0.stdout.take().expect("stdout"));
+    output.until("waiting");
+    let waiter = waiting_backend(&observer, &key).await;
+
+    let pid = Pid::from_child(&child.0);
+    kill_process(pid, Signal::STOP).expect("SIGSTOP the waiter");
+    common::eventually("the waiter is stopped", || async { is_stopped(pid) }).await;
+    first.release().await.expect("release");
+    let granted_at = Instant::now();
+    common::eventually(
+        "the frozen waiter's session is granted the lock",
+        || async {
+            let rows = lock_rows(&observer, lock_id(&key)).await;
+            rows.iter().any(|row| row.pid == waiter && row.granted)
+        },
+    )
+    .await;
+    let taken = taken_within_the_bound(&rival, &key, granted_at, "frozen waiter").await;
+    let token = taken.info().fencing_token.expect("fenced");
+
+    kill_process(pid, Signal::CONT).expect("SIGCONT the waiter");
+    // Running again, it finds its session gone and queues anew, behind the lock taken since.
+    common::eventually("the waiter waits again, on another session", || async {
+        let rows = lock_rows(&observer, lock_id(&key)).await;
+        rows.iter().any(|row| !row.granted && row.pid != waiter)
+    })
+    .await;
+    let so_far = output.so_far();
+    assert!(
+        so_far.iter().all(|line| !line.contains("granted")),
+        "the waiter took a grant its session no longer held: {so_far:?}"
+    );
+    taken.release().await.expect("release");
+    let line = output.until("granted");
+    let later: i64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|token| token.parse().ok())
+        .unwrap_or_else(|| panic!("a token in {line:?}"));
+    assert!(
+        later > token,
+        "the waiter's token {later} is not newer than {token}, taken while it was frozen"
+    );
+}
+
+/// The child: waits for the key without a deadline, then says which token it got.
+async fn frozen_waiter(spec: &str) {
+    let (key, fencing) = spec.split_once('|').expect("spec");
+    let pool = pool_named(4, &common::app_name("frozen-waiter")).await;
+    let locks = silent_manager(pool, fencing);
+    println!("waiting");
+    let guard = locks.acquire(key, None).await.expect("acquire");
+    let token = guard.info().fencing_token.expect("fenced");
+    println!("granted {token}");
+    guard.release().await.expect("release");
+}
+
+/// The backend of the one session waiting for `key`, once there is one.
+async fn waiting_backend(observer: &PgPool, key: &str) -> i32 {
+    common::eventually("the child waits on the server", || async {
+        lock_rows(observer, lock_id(key))
+            .await
+            .iter()
+            .any(|row| !row.granted)
+    })
+    .await;
+    let rows = lock_rows(observer, lock_id(key)).await;
+    let waiting: Vec<i32> = rows.iter().filter(|r| !r.granted).map(|r| r.pid).collect();
+    assert_eq!(waiting.len(), 1, "{rows:?}");
+    waiting[0]
+}
+
+/// Whether the process is stopped by a signal (state `T` in `/proc/<pid>/stat`).
+fn is_stopped(pid: Pid) -> bool {
+    let stat =
+        std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_nonzero())).unwrap_or_default();
+    // The state follows the command name, which is in parentheses and may hold spaces.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        == Some("T")
+}
+
 #[tokio::test]
 async fn a_holder_behind_a_dead_network_loses_its_locks_within_the_bound() {
     let observer = observer().await;

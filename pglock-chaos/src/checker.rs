@@ -6,6 +6,8 @@
 //! older than one already accepted, a counter outside what the increments allow, a leader's
 //! log appended to by an older term after a newer one, a job window run twice. Liveness is
 //! judged per fault: the time from its heal to the next successful operation of any worker.
+//! [`frozen_holders`] checks the silent-holder bound: that a lock held by a frozen worker went
+//! to a running one in time.
 //!
 //! ```no_run
 //! use pglock_chaos::checker::{Bounds, check};
@@ -29,8 +31,10 @@ mod display;
 mod liveness;
 mod safety;
 mod settle;
+mod silence;
 
 pub use settle::settled;
+pub use silence::{FrozenHolders, frozen_holders};
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;

@@ -8,8 +8,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use pglock_chaos::checker::{AnomalyKind, Report};
-use pglock_chaos::history::{Op, Outcome, Record};
+use pglock_chaos::checker::{AnomalyKind, Report, frozen_holders};
+use pglock_chaos::history::{Op, Outcome};
 use pglock_chaos::nemesis::{FaultKind, Pace};
 use pglock_chaos::run::{self, Config};
 use pglock_chaos::spec::{Mode, Timing, WorkerSpec};
@@ -78,51 +78,16 @@ async fn a_short_run_under_every_kind_of_fault_is_valid_and_recovers() {
         .timing
         .silence
         .expect("the run has a silent-holder bound");
-    let (cases, late) = frozen_holders_lose_their_locks(&outcome.records, bound);
-    eprintln!("frozen holders that lost a lock: {cases}");
-    assert!(
-        late.is_empty(),
-        "frozen holders kept their locks: {late:#?}\n{context}"
+    let frozen = frozen_holders(&outcome.records, bound, Duration::from_millis(1_500));
+    eprintln!(
+        "frozen holders that lost a lock: {} (frozen waiters in line: {})",
+        frozen.cases, frozen.frozen_waiters
     );
-}
-
-/// For every operation that held a lock (it had a token) when its worker was frozen past the
-/// silent-holder bound, and did not complete: the key's next holder got it while the holder
-/// was still frozen, within the bound and a margin. Returns how many such operations there
-/// were, and those whose key went to no one in time.
-fn frozen_holders_lose_their_locks(records: &[Record], bound: Duration) -> (usize, Vec<Record>) {
-    let margin = 1_500_000;
-    let pauses = records
-        .iter()
-        .filter(|r| r.op == Op::Fault && r.detail.as_deref() == Some(FaultKind::PauseLong.name()));
-    let mut cases = 0;
-    let mut late = Vec::new();
-    for pause in pauses {
-        let deadline = pause.start_us + bound.as_micros() as u64 + margin;
-        let frozen = records.iter().filter(|r| {
-            r.process == pause.key
-                && matches!(r.op, Op::Section | Op::Term)
-                && r.outcome == Outcome::Info
-                && r.token.is_some()
-                && r.start_us < pause.start_us
-                && r.end_us > pause.end_us
-        });
-        for held in frozen {
-            cases += 1;
-            // The resource's view: a start or append on the key under a newer token.
-            let taken = records.iter().any(|r| {
-                matches!(r.op, Op::ResourceStart | Op::ResourceAppend)
-                    && r.key == held.key
-                    && r.token > held.token
-                    && r.start_us > pause.start_us
-                    && r.start_us <= deadline
-            });
-            if !taken {
-                late.push(held.clone());
-            }
-        }
-    }
-    (cases, late)
+    assert!(
+        frozen.late.is_empty(),
+        "frozen holders kept their locks: {:#?}\n{context}",
+        frozen.late
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

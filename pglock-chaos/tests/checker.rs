@@ -424,3 +424,117 @@ fn an_operation_recorded_as_unknown_when_invoked_is_settled_by_its_outcome() {
     // A history of one record per operation is left as it is.
     assert!(matches!(settled(&clean_history()), Cow::Borrowed(_)));
 }
+
+/// The silent-holder check's histories: `w1` holds `k` under token 10 from 0 and is frozen
+/// from 1 s to 5 s; the bound is 2 s, the margin 0.5 s.
+mod frozen {
+    use super::*;
+    use pglock_chaos::checker::frozen_holders;
+    use std::time::Duration;
+
+    const BOUND: Duration = Duration::from_secs(2);
+    const MARGIN: Duration = Duration::from_millis(500);
+
+    fn pause(process: &str, kind: &str, span: (u64, u64)) -> Record {
+        Record {
+            key: process.to_owned(),
+            ..fault(kind, span)
+        }
+    }
+
+    /// `process`'s section on `k`: held under `token` if it has one, else a wait.
+    fn section_of(process: &str, span: (u64, u64), outcome: Outcome, token: Option<i64>) -> Record {
+        Record {
+            token,
+            ..record(process, Op::Section, "k", span, outcome)
+        }
+    }
+
+    fn frozen_holder() -> Vec<Record> {
+        vec![
+            section_of("w1", (0, 5 * S + MS), Outcome::Info, Some(10)),
+            accepted(Op::ResourceStart, "k", 100 * MS, 10),
+            pause("w1", "pause-long", (S, 5 * S)),
+        ]
+    }
+
+    fn taken_at(at: u64) -> Record {
+        accepted(Op::ResourceStart, "k", at, 11)
+    }
+
+    #[test]
+    fn a_key_taken_within_the_bound_of_the_freeze_passes_and_one_taken_later_does_not() {
+        for (at, late) in [
+            (3 * S, false),
+            (3 * S + 400 * MS, false),
+            (3 * S + 600 * MS, true),
+        ] {
+            let mut history = frozen_holder();
+            history.push(taken_at(at));
+            let found = frozen_holders(&history, BOUND, MARGIN);
+            assert_eq!((found.cases, found.frozen_waiters), (1, 0));
+            assert_eq!(found.late.len(), usize::from(late), "taken at {at}");
+        }
+        let found = frozen_holders(&frozen_holder(), BOUND, MARGIN);
+        assert_eq!(found.late.len(), 1, "never taken");
+        // Work under the holder's own token is not the key taken.
+        let mut history = frozen_holder();
+        history.push(accepted(Op::ResourceAppend, "k", 2 * S, 10));
+        assert_eq!(frozen_holders(&history, BOUND, MARGIN).late.len(), 1);
+    }
+
+    #[test]
+    fn each_frozen_waiter_in_line_when_the_key_is_freed_adds_a_bound() {
+        // `w3` waits from 0.5 s and is frozen from 2.5 s to 6 s: at 3 s the server grants it
+        // the key, and ends its session at 5 s; `w2` takes the key then.
+        let waiting = |process: &str, span| section_of(process, span, Outcome::Fail, None);
+        let mut history = frozen_holder();
+        history.extend([
+            waiting("w3", (500 * MS, 6 * S + MS)),
+            pause("w3", "pause-short", (2 * S + 500 * MS, 6 * S)),
+            taken_at(5 * S + 200 * MS),
+        ]);
+        let found = frozen_holders(&history, BOUND, MARGIN);
+        assert_eq!(
+            (found.frozen_waiters, found.late.len()),
+            (1, 0),
+            "{found:?}"
+        );
+        // Later than a bound and two margins after that: late even so.
+        history.pop();
+        history.push(taken_at(6 * S + 600 * MS));
+        assert_eq!(frozen_holders(&history, BOUND, MARGIN).late.len(), 1);
+
+        // A second frozen waiter, in line behind the first, adds another bound.
+        history.extend([
+            waiting("w2", (S, 8 * S)),
+            pause("w2", "pause-long", (4 * S, 7 * S)),
+        ]);
+        let found = frozen_holders(&history, BOUND, MARGIN);
+        assert_eq!(
+            (found.frozen_waiters, found.late.len()),
+            (2, 0),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_waiter_not_frozen_when_the_key_is_freed_adds_nothing() {
+        let mut history = frozen_holder();
+        history.extend([
+            section_of("w3", (500 * MS, 6 * S + MS), Outcome::Fail, None),
+            // Running again before the key was freed: it would have taken it.
+            pause("w3", "pause-long", (0, 2 * S)),
+            // Frozen when the key was freed, but not waiting for it.
+            section_of("w2", (3 * S + 600 * MS, 4 * S), Outcome::Fail, None),
+            pause("w2", "pause-long", (2 * S, 5 * S)),
+            taken_at(5 * S),
+        ]);
+        let found = frozen_holders(&history, BOUND, MARGIN);
+        assert_eq!(
+            (found.frozen_waiters, found.late.len()),
+            (0, 1),
+            "{found:?}"
+        );
+    }
+}

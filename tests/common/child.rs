@@ -60,6 +60,11 @@ impl ChildOutput {
         }
     }
 
+    /// The lines the child has written so far that were not read yet, without waiting.
+    pub fn so_far(&self) -> Vec<String> {
+        self.0.try_iter().collect()
+    }
+
     /// Every line until the child closes its output; panics if it stays silent for
     /// [`CHILD_BOUND`] without closing it.
     pub fn all(&self) -> Vec<String> {
