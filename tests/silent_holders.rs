@@ -2,7 +2,8 @@
 //! a runtime too busy to run the manager's tasks. The server ends a session unheard for the
 //! manager's silence timeout, so another process gets the lock within that bound; the silent
 //! holder, once it runs again, is told before its work goes on, and its fenced write is
-//! refused. A healthy process, however busy or however long it holds, keeps its locks.
+//! refused. A waiter frozen in the server's queue is a silent holder from its grant on. A
+//! healthy process, however busy or however long it holds, keeps its locks.
 
 mod common;
 
