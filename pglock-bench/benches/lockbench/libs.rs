@@ -328,16 +328,42 @@ impl RawKnobs {
         }
         std::hint::black_box(x);
     }
-}
 
-async fn raw_bool(conn: &mut PgConnection, raw: RawKnobs, sql: &'static str, id: i64) -> Res<bool> {
-    raw.spin();
-    // Persistent (the default): prepared once per connection, then Bind/Execute/Sync.
-    sqlx::query_scalar::<_, bool>(sql)
-        .bind(id)
-        .fetch_one(conn)
-        .await
-        .map_err(err)
+    /// `pg_try_advisory_lock` (or `--raw-try-sql`): whether the key was granted.
+    async fn try_lock(self, conn: &mut PgConnection, id: i64) -> Res<bool> {
+        self.bool_statement(conn, self.try_sql, id).await
+    }
+
+    /// `pg_advisory_unlock`: whether the key was held.
+    async fn unlock(self, conn: &mut PgConnection, id: i64) -> Res<bool> {
+        self.bool_statement(conn, UNLOCK, id).await
+    }
+
+    /// `pg_advisory_lock`, waiting on the server for as long as it takes.
+    async fn lock(self, conn: &mut PgConnection, id: i64) -> Res<()> {
+        self.spin();
+        sqlx::query(LOCK)
+            .bind(id)
+            .execute(conn)
+            .await
+            .map(drop)
+            .map_err(err)
+    }
+
+    async fn bool_statement(
+        self,
+        conn: &mut PgConnection,
+        sql: &'static str,
+        id: i64,
+    ) -> Res<bool> {
+        self.spin();
+        // Persistent (the default): prepared once per connection, then Bind/Execute/Sync.
+        sqlx::query_scalar::<_, bool>(sql)
+            .bind(id)
+            .fetch_one(conn)
+            .await
+            .map_err(err)
+    }
 }
 
 impl Holder {
@@ -352,7 +378,7 @@ impl Holder {
         };
         match self {
             Holder::Raw(conn, raw) => {
-                if raw_bool(conn, *raw, raw.try_sql, key.id).await? {
+                if raw.try_lock(conn, key.id).await? {
                     Ok(Held::Id(key.id))
                 } else {
                     Err(refused())
@@ -360,7 +386,7 @@ impl Holder {
             }
             Holder::PooledRaw(pool, raw) => {
                 let mut conn = checkout(pool).await?;
-                if raw_bool(&mut conn, *raw, raw.try_sql, key.id).await? {
+                if raw.try_lock(&mut conn, key.id).await? {
                     Ok(Held::PooledId(conn, key.id))
                 } else {
                     Err(refused())
@@ -379,12 +405,7 @@ impl Holder {
                 .map(Held::Guard)
                 .map_err(err),
             Holder::Raw(conn, raw) => {
-                raw.spin();
-                sqlx::query(LOCK)
-                    .bind(key.id)
-                    .execute(conn)
-                    .await
-                    .map_err(err)?;
+                raw.lock(conn, key.id).await?;
                 Ok(Held::Id(key.id))
             }
             Holder::Advisory(conn) => {
@@ -401,12 +422,7 @@ impl Holder {
             }
             Holder::PooledRaw(pool, raw) => {
                 let mut conn = checkout(pool).await?;
-                raw.spin();
-                sqlx::query(LOCK)
-                    .bind(key.id)
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(err)?;
+                raw.lock(&mut conn, key.id).await?;
                 Ok(Held::PooledId(conn, key.id))
             }
             Holder::PooledAdvisory(pool) => {
@@ -438,7 +454,7 @@ impl Holder {
                 Err(e) => Err(err(e)),
             },
             (Holder::Raw(conn, raw), Held::Id(id)) => {
-                if raw_bool(conn, *raw, UNLOCK, id).await? {
+                if raw.unlock(conn, id).await? {
                     Ok(())
                 } else {
                     Err(format!("pg_advisory_unlock({id}) returned false: not held"))
@@ -454,7 +470,7 @@ impl Holder {
             }
             // The pooled connection goes back to the pool when dropped, after the unlock.
             (Holder::PooledRaw(_, raw), Held::PooledId(mut conn, id)) => {
-                if raw_bool(&mut conn, *raw, UNLOCK, id).await? {
+                if raw.unlock(&mut conn, id).await? {
                     Ok(())
                 } else {
                     Err(format!("pg_advisory_unlock({id}) returned false: not held"))
@@ -486,7 +502,7 @@ impl Holder {
                 .await
                 .map(|guard| guard.map(LockGuard::leak).is_some())
                 .map_err(err),
-            Holder::Raw(conn, raw) => raw_bool(conn, *raw, raw.try_sql, key.id).await,
+            Holder::Raw(conn, raw) => raw.try_lock(conn, key.id).await,
             Holder::Advisory(conn) => {
                 let lock = key
                     .adv
