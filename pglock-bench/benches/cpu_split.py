@@ -18,8 +18,9 @@ and `other`, which are not per-op figures: a run's start and end wait for differ
 of time, so their differences can even be negative. Libraries alternate within each rep.
 
 What for: pinned to one CPU an op is all CPU work, and `client + server` is its CPU time,
-independent of the clocks each process keeps; it agrees with `wall` (the bench's own timing of
-the same ops) within a fraction of a per cent. The split between the two is what perf saw,
+independent of the clocks each process keeps; it should agree with `wall` (the bench's own
+timing of the same ops) within about 1 %, and the tool warns about a run that is 3 % off or in
+which other processes took the CPU. The split between the two is what perf saw,
 and is only as good as its calibration: run `sqlx_raw_x --raw-spin N` (a known client-only
 cost) beside the floor. On the VM this was written on, the spin's cost landed about twice on
 the client's side and was taken off the server's (docs/benchmarks.md), so there only the sum
@@ -27,14 +28,17 @@ was dependable.
 
 Needs `perf` and the right to sample a whole CPU (root, or kernel.perf_event_paranoid <= 0), a
 local server (the DSN's) and the right to change its processes' affinity. Prints medians over
-the reps, with the min-max of `client + server`. Standard library only.
+the reps, the min-max of `client + server`, and each library's difference to `--baseline`
+and speed relative to it, paired rep by rep. Standard library only.
 """
 
 import argparse
 import collections
+import contextlib
 import errno
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -77,7 +81,7 @@ def sampled_run(binary, flags, cpu, period_ns, tmp):
     # Started with sampling off (`-D -1`), then switched on through its control fifo: perf
     # acknowledges once it samples, and only then does the bench start, so no op goes unseen.
     perf = subprocess.Popen(
-        ["perf", "record", "-q", "-D", "-1", f"--control=fifo:{ctl},{ack}", "-e", "cpu-clock",
+        ["perf", "record", "-D", "-1", f"--control=fifo:{ctl},{ack}", "-e", "cpu-clock",
          "-c", str(period_ns), "-C", str(cpu), "-o", data],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -97,6 +101,9 @@ def sampled_run(binary, flags, cpu, period_ns, tmp):
         _, perf_err = perf.communicate()
     if not os.path.exists(data):
         sys.exit(f"cpu_split.py: perf record wrote nothing: {perf_err.strip()[-500:]}")
+    if "lost" in perf_err.lower():  # e.g. "Processed N events and lost M chunks!"
+        sys.exit(f"cpu_split.py: perf record lost samples; use a longer --period-us: "
+                 f"{perf_err.strip()[-500:]}")
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     if len(lines) != 1:
         sys.stderr.write(err[-2000:])
@@ -131,32 +138,50 @@ def per_op(lo, hi, period_us):
     return row
 
 
+def warn_if_off(row):
+    """The run's own validity check: the samples must account for the bench's wall time, and
+    nothing else may have taken the CPU during the ops."""
+    off = row["total"] / row["wall"] - 1 if row["wall"] else float("inf")
+    if abs(off) > 0.03 or row["other"] > 0.02 * row["wall"]:
+        sys.stderr.write(
+            f"cpu_split.py: warning: {row['workload']} {row['lib']} rep {row['rep'] + 1}: "
+            f"client + server is {off:+.1%} off the wall time, other processes took "
+            f"{row['other']:.2f} µs/op; this rep's numbers are doubtful\n")
+
+
 def table(rows, baseline):
-    """Medians over reps; the last columns are the median over reps of the difference to the
-    baseline run in the same rep (as `report.py`'s ratios), so drift between reps cancels."""
+    """Medians over reps. The last columns pair each rep with the baseline's run in the same
+    rep (as `report.py`'s ratios do), so drift between reps cancels: the median difference in
+    µs per op, and the median of the baseline's time per op over the library's (its speed
+    relative to the baseline)."""
     by = collections.defaultdict(list)
     base = {}
     for row in rows:
+        if any(r["rep"] == row["rep"] for r in by[(row["workload"], row["lib"])]):
+            sys.exit(f"cpu_split.py: {row['workload']} {row['lib']} rep {row['rep'] + 1} "
+                     "appears twice: tabulate one run's lines at a time")
         by[(row["workload"], row["lib"])].append(row)
         if row["lib"] == baseline:
             base[(row["workload"], row["rep"])] = row
     out = ["| workload | lib | client µs/op | server µs/op | client + server (min-max) "
-           f"| wall µs/op | - `{baseline}`: client, server, both | correct |",
-           "|---|---|---:|---:|---:|---:|---:|:---:|"]
+           f"| wall µs/op | − `{baseline}`: client, server, both | ×`{baseline}` speed "
+           "| correct |",
+           "|---|---|---:|---:|---:|---:|---:|---:|:---:|"]
     for (workload, lib), reps in sorted(by.items()):
         med = {k: statistics.median(r[k] for r in reps) for k in ("client", "server", "total",
                                                                     "wall")}
         paired = [(r, base[(workload, r["rep"])]) for r in reps
                   if lib != baseline and (workload, r["rep"]) in base]
-        vs = "-"
+        vs, speed = "-", "-"
         if paired:
             vs = ", ".join(f"{statistics.median(r[k] - b[k] for r, b in paired):+.2f}"
                            for k in ("client", "server", "total"))
+            speed = f"{statistics.median(b['total'] / r['total'] for r, b in paired):.2f}"
         totals = [r["total"] for r in reps]
         out.append(
             f"| {workload} | {lib} | {med['client']:.2f} | {med['server']:.2f} | "
             f"{med['total']:.2f} ({min(totals):.2f}-{max(totals):.2f}) | {med['wall']:.2f} | "
-            f"{vs} | {sum(r['correct'] for r in reps)}/{len(reps)} |")
+            f"{vs} | {speed} | {sum(r['correct'] for r in reps)}/{len(reps)} |")
     return "\n".join(out)
 
 
@@ -182,6 +207,8 @@ def main():
         with open(args.from_file) as f:
             print(table([json.loads(line) for line in f if line.startswith("{")], args.baseline))
         return
+    if args.baseline not in args.libs.split(","):
+        sys.exit(f"cpu_split.py: --baseline {args.baseline} is not among --libs")
     unknown = set(args.workloads.split(",")) - set(FIXED_CYCLE_WORKLOADS)
     if unknown:
         sys.exit(f"cpu_split.py: {', '.join(sorted(unknown))}: only "
@@ -190,12 +217,16 @@ def main():
         sys.exit("cpu_split.py: --period-us must be > 0")
     if not 0 < args.cycles_lo < args.cycles_hi:
         sys.exit("cpu_split.py: need 0 < --cycles-lo < --cycles-hi")
-    if subprocess.run(["perf", "--version"], capture_output=True).returncode != 0:
+    if shutil.which("perf") is None or \
+            subprocess.run(["perf", "--version"], capture_output=True).returncode != 0:
         sys.exit("cpu_split.py: perf not found (Debian: apt-get install linux-perf)")
     flags = [f for f in args.flags if f != "--"]
     binary = args.bin or bench_binary()
     rows = []
-    with tempfile.TemporaryDirectory() as tmp, PinnedServer({args.cpu}):
+    # Each line is written as soon as it is measured, so a failure late in a long run keeps
+    # what came before it.
+    out = open(args.jsonl, "w") if args.jsonl else contextlib.nullcontext()
+    with out, tempfile.TemporaryDirectory() as tmp, PinnedServer({args.cpu}):
         for rep in range(args.reps):
             for workload in args.workloads.split(","):
                 for lib in args.libs.split(","):
@@ -207,13 +238,12 @@ def main():
                             for n in (args.cycles_lo, args.cycles_hi)]
                     row = per_op(*runs, args.period_us)
                     row.update(rep=rep, workload=workload, lib=runs[0][0]["lib"], flags=flags)
+                    warn_if_off(row)
                     rows.append(row)
+                    if args.jsonl:
+                        out.write(json.dumps(row) + "\n")
+                        out.flush()
     print(table(rows, args.baseline))
-    if args.jsonl:
-        with open(args.jsonl, "w") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
-
 
 if __name__ == "__main__":
     main()
