@@ -34,6 +34,11 @@ fn now_us() -> u64 {
         + u64::try_from(t.tv_nsec).expect("time") / 1_000
 }
 
+/// A fencing table of the test's own, so no other test's tokens are in it.
+fn fencing_table() -> String {
+    format!("silent_fencing_{}", uuid::Uuid::new_v4().simple())
+}
+
 fn silent_manager(pool: PgPool, fencing: &str) -> PostgresLockManager {
     PostgresLockManager::builder(pool)
         .probe_interval(PROBE)
@@ -91,6 +96,16 @@ async fn taken_within_the_bound(
 /// Kills the child however the test ends, so a failed test leaves no frozen process.
 struct Reaped(Child);
 
+impl Reaped {
+    /// Spawns this binary running only `test` in `role` with `spec`, and starts reading its
+    /// output.
+    fn spawn(test: &str, role: &str, spec: &str) -> (Reaped, ChildOutput) {
+        let mut child = Reaped(spawn_self(test, role, spec));
+        let output = ChildOutput::read(child.0.stdout.take().expect("stdout"));
+        (child, output)
+    }
+}
+
 impl Drop for Reaped {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -105,19 +120,18 @@ async fn a_frozen_holder_loses_its_locks_within_the_bound_and_learns_it_when_it_
     }
     let observer = observer().await;
     let pool = pool_named(4, &common::app_name("frozen-rival")).await;
-    let fencing = format!("silent_fencing_{}", uuid::Uuid::new_v4().simple());
+    let fencing = fencing_table();
     let (own, contended) = (key("frozen-own"), key("frozen-contended"));
     let (table, fence) = resource(&pool, &[&own, &contended]).await;
     let rival = silent_manager(pool.clone(), &fencing);
     // The child waits for `contended`, so it holds it on a session of its own: both kinds of
     // session are frozen.
     let blocker = rival.acquire(&contended, None).await.expect("acquire");
-    let mut child = Reaped(spawn_self(
+    let (child, output) = Reaped::spawn(
         "a_frozen_holder_loses_its_locks_within_the_bound_and_learns_it_when_it_runs_again",
         ROLE,
         &format!("{own}|{contended}|{table}|{fencing}"),
-    ));
-    let output = ChildOutput::read(child.0.stdout.take().expect("stdout"));
+    );
     output.until("holds own");
     common::eventually("the child waits on the server", || async {
         lock_rows(&observer, lock_id(&contended)).await.len() == 2
@@ -239,16 +253,15 @@ async fn a_waiter_frozen_in_the_queue_holds_the_lock_granted_meanwhile_no_longer
     // grant made to a session that has since ended, and waits again.
     let observer = observer().await;
     let pool = pool_named(4, &common::app_name("frozen-waiter-rival")).await;
-    let fencing = format!("silent_fencing_{}", uuid::Uuid::new_v4().simple());
+    let fencing = fencing_table();
     let rival = silent_manager(pool, &fencing);
     let key = key("frozen-waiter");
     let first = rival.acquire(&key, None).await.expect("acquire");
-    let mut child = Reaped(spawn_self(
+    let (child, output) = Reaped::spawn(
         "a_waiter_frozen_in_the_queue_holds_the_lock_granted_meanwhile_no_longer_than_the_bound",
         WAITER_ROLE,
         &format!("{key}|{fencing}"),
-    ));
-    let output = ChildOutput::read(child.0.stdout.take().expect("stdout"));
+    );
     output.until("waiting");
     let waiter = waiting_backend(&observer, &key).await;
 
@@ -334,7 +347,7 @@ fn is_stopped(pid: Pid) -> bool {
 async fn a_holder_behind_a_dead_network_loses_its_locks_within_the_bound() {
     let observer = observer().await;
     let proxy = Proxy::start().await;
-    let fencing = format!("silent_fencing_{}", uuid::Uuid::new_v4().simple());
+    let fencing = fencing_table();
     let held_through = sqlx::postgres::PgPoolOptions::new()
         .max_connections(3)
         .connect_with(proxy.options(&common::app_name("blackholed")))
