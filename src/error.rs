@@ -24,6 +24,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// | --- | --- | --- |
 /// | [`Timeout`](Error::Timeout) | the caller's deadline passed, at whatever stage the acquisition was (the local queue, getting a connection, the server's queue) | skip this round, or retry later |
 /// | [`Reentrant`](Error::Reentrant) | the caller asked for a key inside its own critical section for that key | pass the [`LockInfo`](crate::LockInfo) down instead of locking again |
+/// | [`Deadlock`](Error::Deadlock) | waiting would close a cycle of callers, each in a critical section waiting for the next one's key | let the section end (its locks go), then retry; take keys in one order, or all at once |
 /// | [`BudgetExhausted`](Error::BudgetExhausted) | the manager holds as many locks as its budget allows; nothing was asked of the server | release locks, or raise the budget on purpose (see the manager's docs) |
 /// | [`LockTableFull`](Error::LockTableFull) | the server's shared lock table is full (SQLSTATE 53200) | every session of the database is short of locks: release some, lower budgets, or raise `max_locks_per_transaction` |
 /// | [`PoolExhausted`](Error::PoolExhausted) | with no deadline, every pooled connection stayed busy for the pool's `acquire_timeout` | give the lock manager room in the pool, or a pool of its own |
@@ -71,6 +72,21 @@ pub enum Error {
     Reentrant {
         /// The key that was requested.
         key: LockKey,
+    },
+
+    /// Waiting for the key would close a lock-order cycle: each caller on it is inside a
+    /// critical section ([`with_lock`](crate::LockManagerExt::with_lock),
+    /// [`LockGuard::run`](crate::LockGuard::run)) and waits for a key a section of the next
+    /// one holds, so none of them could ever go on. The caller that would close the cycle
+    /// fails, at once, and the others proceed once its sections end.
+    ///
+    /// Only sections are seen: a guard kept in a variable holds its key unseen.
+    #[error("Waiting for lock '{key}' would deadlock: a cycle of waits through {}", cycle_text(.cycle))]
+    Deadlock {
+        /// The key that was requested.
+        key: LockKey,
+        /// The keys waited for around the cycle, starting with `key`.
+        cycle: Vec<LockKey>,
     },
 
     /// A release named a key this manager does not hold.
@@ -272,6 +288,7 @@ impl Error {
         match self {
             Error::Timeout { key, .. }
             | Error::Reentrant { key }
+            | Error::Deadlock { key, .. }
             | Error::NotHeld { key }
             | Error::LockLost { key, .. }
             | Error::BudgetExhausted { key, .. }
@@ -292,6 +309,11 @@ impl Error {
     /// True for [`Error::Timeout`]: the deadline passed while the lock was busy.
     pub fn is_timeout(&self) -> bool {
         matches!(self, Error::Timeout { .. })
+    }
+
+    /// True for [`Error::Deadlock`]: waiting would have closed a lock-order cycle.
+    pub fn is_deadlock(&self) -> bool {
+        matches!(self, Error::Deadlock { .. })
     }
 
     /// True for [`Error::LockLost`]: the lock went while it was held.
@@ -404,6 +426,15 @@ pub(crate) fn python_float(duration: &Duration) -> String {
     } else {
         format!("{plain}.0")
     }
+}
+
+/// The keys of a cycle, as `'a' -> 'b' -> 'a'`.
+fn cycle_text(cycle: &[LockKey]) -> String {
+    let mut text: Vec<String> = cycle.iter().map(|k| format!("'{k}'")).collect();
+    if let Some(first) = text.first().cloned() {
+        text.push(first);
+    }
+    text.join(" -> ")
 }
 
 #[cfg(test)]

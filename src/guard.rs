@@ -152,7 +152,8 @@ impl LockGuard {
 
     /// [`run`](Self::run), with the cause of a loss as the error.
     pub(crate) async fn section<F: Future>(&self, body: F) -> Result<F::Output, LossCause> {
-        let body = crate::scope::inside(self.info.holder_id.clone(), self.info.key.clone(), body);
+        let info = &self.info;
+        let body = crate::scope::inside(info.holder_id.clone(), info.key.clone(), info.mode, body);
         self.loss.run_until_lost(body).await
     }
 

@@ -291,7 +291,8 @@ impl LeaderElection {
         let info = term.info.clone();
         // The term's lock is held by the campaign: its work is a critical section of that
         // lock, run until the lock goes or the campaign ends the term.
-        let work = crate::scope::inside(info.holder_id.clone(), info.key.clone(), work(info));
+        let (holder, key, mode) = (info.holder_id.clone(), info.key.clone(), info.mode);
+        let work = crate::scope::inside(holder, key, mode, work(info));
         match first(term.ended.cancelled(), term.loss.run_until_lost(work)).await {
             First::Right(Ok(value)) => Ok(value),
             First::Left(()) | First::Right(Err(_)) => Err(term.error(&self.key)),

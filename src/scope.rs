@@ -12,7 +12,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::LockKey;
+use crate::{LockKey, LockMode};
 
 tokio::task_local! {
     static SECTION: Option<Arc<Frame>>;
@@ -22,6 +22,7 @@ tokio::task_local! {
 struct Frame {
     holder: Arc<str>,
     key: LockKey,
+    mode: LockMode,
     outer: Option<Arc<Frame>>,
 }
 
@@ -50,15 +51,42 @@ pub(crate) fn is_inside(holder: &str, key: &LockKey) -> bool {
         .unwrap_or(false)
 }
 
-/// Runs `body` as the critical section of `holder` on `key`.
+/// The keys (and modes) of the critical sections of `holder` the caller runs inside, innermost
+/// first: what it holds while it waits for another key (see `core/cycles.rs`).
+pub(crate) fn held_by(holder: &str) -> Vec<(LockKey, LockMode)> {
+    if !ANY_SECTION.load(Ordering::Relaxed) {
+        return Vec::new();
+    }
+    SECTION
+        .try_with(|section| {
+            let mut held = Vec::new();
+            let mut frame = section.as_deref();
+            while let Some(f) = frame {
+                if &*f.holder == holder {
+                    held.push((f.key.clone(), f.mode));
+                }
+                frame = f.outer.as_deref();
+            }
+            held
+        })
+        .unwrap_or_default()
+}
+
+/// Runs `body` as the critical section of `holder` on `key`, held in `mode`.
 pub(crate) fn inside<F: Future>(
     holder: Arc<str>,
     key: LockKey,
+    mode: LockMode,
     body: F,
 ) -> impl Future<Output = F::Output> {
     ANY_SECTION.store(true, Ordering::Relaxed);
     let outer = SECTION.try_with(Clone::clone).ok().flatten();
-    let frame = Arc::new(Frame { holder, key, outer });
+    let frame = Arc::new(Frame {
+        holder,
+        key,
+        mode,
+        outer,
+    });
     SECTION.scope(Some(frame), body)
 }
 
@@ -72,9 +100,9 @@ mod tests {
         let holder: Arc<str> = "h".into();
         assert!(!is_inside("h", &key));
         let (inner, sibling) = tokio::join!(
-            inside(holder.clone(), key.clone(), async {
+            inside(holder.clone(), key.clone(), LockMode::Exclusive, async {
                 tokio::task::yield_now().await;
-                let nested = inside("h".into(), "other".into(), async {
+                let nested = inside("h".into(), "other".into(), LockMode::Shared, async {
                     is_inside("h", &LockKey::from("k")) && is_inside("h", &"other".into())
                 })
                 .await;
@@ -90,7 +118,7 @@ mod tests {
             "a nested call sees every enclosing section of its holder"
         );
         assert!(!sibling, "a sibling future is not inside the section");
-        let in_task = inside(holder, key, async {
+        let in_task = inside(holder, key, LockMode::Exclusive, async {
             tokio::spawn(async { is_inside("h", &LockKey::from("k")) })
                 .await
                 .unwrap()

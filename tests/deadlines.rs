@@ -151,20 +151,22 @@ async fn one_deadline_covers_the_local_queue_and_the_server_wait() {
 
 #[tokio::test]
 async fn a_deadline_spent_waiting_for_the_pool_is_reported_as_a_timeout() {
-    // The only connection is the lock session's; a key held elsewhere needs one more to wait on.
-    // The pool's own acquire timeout (200 ms) bounds a checkout only when the caller has no
-    // deadline.
+    // Two connections: the lock session's, and one the application keeps busy. A key held
+    // elsewhere needs one more to wait on in the server's queue (the manager's cap of 2 leaves
+    // it one wait session), which the pool cannot give. The pool's own acquire timeout
+    // (200 ms) bounds a checkout only when the caller has no deadline.
     let pool = PgPoolOptions::new()
-        .max_connections(1)
+        .max_connections(2)
         .acquire_timeout(Duration::from_millis(200))
         .connect_with(common::options(&app_name("exhausted")))
         .await
         .expect("connect");
-    let locks = PostgresLockManager::new(pool);
+    let locks = PostgresLockManager::new(pool.clone());
     let holder = manager("holder", 2).await;
     let starved = key("starved");
     let held = holder.acquire(&starved, None).await.expect("acquire");
     let pinning = locks.acquire(&key("pinning"), None).await.expect("acquire");
+    let busy = pool.acquire().await.expect("the application's connection");
     // A deadline shorter than the pool's acquire timeout, and one longer: either way the
     // caller's deadline is the only bound, and its passing is a timeout.
     for timeout in [Duration::from_millis(50), Duration::from_millis(450)] {
@@ -174,7 +176,7 @@ async fn a_deadline_spent_waiting_for_the_pool_is_reported_as_a_timeout() {
             let err = locks
                 .acquire(&starved, Some(timeout))
                 .await
-                .expect_err("the only connection is the lock session");
+                .expect_err("no connection to wait on");
             let elapsed = started.elapsed();
             match &err {
                 Error::Timeout { key, timeout: t } => {
@@ -194,17 +196,18 @@ async fn a_deadline_spent_waiting_for_the_pool_is_reported_as_a_timeout() {
     let err = locks
         .acquire(&starved, None)
         .await
-        .expect_err("the only connection is the lock session");
+        .expect_err("no connection to wait on");
     let elapsed = started.elapsed();
     println!("pool checkout without a deadline: {err} after {elapsed:?}");
     assert!(
-        matches!(&err, Error::PoolExhausted { key, max_connections: 1, .. } if key == &starved),
+        matches!(&err, Error::PoolExhausted { key, max_connections: 2, .. } if key == &starved),
         "{err:?}"
     );
     assert!(
         elapsed >= Duration::from_millis(200) && elapsed < Duration::from_secs(1),
         "bounded by the pool's acquire timeout: {elapsed:?}"
     );
+    drop(busy);
     pinning.release().await.expect("release");
     held.release().await.expect("release");
 }

@@ -288,20 +288,23 @@ async fn a_timed_out_wait_leaves_its_connection_clean_and_pooled() {
 
 #[tokio::test]
 async fn pool_exhaustion_is_a_typed_error_within_the_deadline() {
-    // The pool's own acquire timeout bounds a checkout without a deadline of the caller's.
+    // Two connections: the lock session's, and one the application keeps busy. A key held
+    // elsewhere is waited for in the server's queue on a connection of its own (the manager's
+    // cap of 2 leaves it one wait session), which the pool cannot give. The pool's own acquire
+    // timeout bounds a checkout without a deadline of the caller's.
     let pool = PgPoolOptions::new()
-        .max_connections(1)
+        .max_connections(2)
         .acquire_timeout(Duration::from_millis(300))
         .connect_with(common::options(&app_name("exhausted")))
         .await
         .expect("connect");
-    let locks = PostgresLockManager::new(pool);
-    // The lock session takes the only connection; the lock on it costs nothing more.
+    let locks = PostgresLockManager::new(pool.clone());
+    // The lock session takes one connection; the lock on it costs nothing more.
     let first = locks
         .acquire(&key("on-the-lock-session"), None)
         .await
         .expect("acquire");
-    // A key held elsewhere must be waited for on a connection of its own: there is none.
+    let busy = pool.acquire().await.expect("the application's connection");
     let elsewhere = manager(&app_name("elsewhere"), 2).await;
     let other = key("needs-a-connection");
     let held = elsewhere.acquire(&other, None).await.expect("acquire");
@@ -340,7 +343,7 @@ async fn pool_exhaustion_is_a_typed_error_within_the_deadline() {
             waited,
         } => {
             assert_eq!(key, &other);
-            assert_eq!(*max_connections, 1);
+            assert_eq!(*max_connections, 2);
             assert!(*waited >= Duration::from_millis(250), "{waited:?}");
         }
         other => panic!("expected PoolExhausted, got {other:?}"),
@@ -353,9 +356,56 @@ async fn pool_exhaustion_is_a_typed_error_within_the_deadline() {
 
     // try_acquire runs on the lock session: it never waits for the pool.
     assert!(locks.try_acquire(&other).await.expect("try").is_none());
+    drop(busy);
     held.release().await.expect("release");
     common::hold(&locks, &other).await;
     locks.release(&other).await.expect("release");
+    first.release().await.expect("release");
+}
+
+/// With a pool of one connection (a cap of 1: no wait session, no listener), a wait needs no
+/// connection of its own: it polls on the lock session, until its deadline or, with none,
+/// until the holder lets go.
+#[tokio::test]
+async fn on_a_pool_of_one_a_wait_polls_on_the_lock_session() {
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_millis(300))
+        .connect_with(common::options(&app_name("one-connection")))
+        .await
+        .expect("connect");
+    let locks = PostgresLockManager::new(pool);
+    let first = locks
+        .acquire(&key("on-the-lock-session"), None)
+        .await
+        .expect("acquire");
+    let elsewhere = manager(&app_name("elsewhere"), 2).await;
+    let other = key("polled");
+    let held = elsewhere.acquire(&other, None).await.expect("acquire");
+    let err = locks
+        .acquire(&other, Some(Duration::from_millis(200)))
+        .await
+        .expect_err("held elsewhere");
+    assert!(err.is_timeout(), "{err:?}");
+    let waiting = tokio::spawn({
+        let (locks, other) = (locks.clone(), other.clone());
+        async move { locks.acquire(&other, None).await }
+    });
+    common::eventually("the waiter has tried at least once", || async {
+        locks.lock_session_count() == 1
+    })
+    .await;
+    held.release().await.expect("release");
+    let guard = common::within("the polled grant", waiting)
+        .await
+        .expect("task")
+        .expect("granted once the holder let go");
+    assert_eq!(
+        locks.lock_session_count(),
+        1,
+        "no connection but the lock session"
+    );
+    guard.release().await.expect("release");
     first.release().await.expect("release");
 }
 

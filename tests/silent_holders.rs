@@ -7,10 +7,10 @@
 
 mod common;
 
-use std::process::Child;
 use std::time::Duration;
 
-use common::child::{ChildOutput, role, spawn_self};
+use common::child::{Reaped, role};
+use common::clock::now_us;
 use common::proxy::Proxy;
 use common::{key, lock_rows, observer, pool_named};
 use pglock::fence::Error as FenceError;
@@ -26,13 +26,6 @@ const GRACE: Duration = Duration::from_millis(400);
 /// Room on top of the bound for the server's own timer, a round trip and a busy machine.
 const SLACK: Duration = Duration::from_millis(500);
 const ROLE: &str = "pglock-frozen-holder=";
-
-/// Microseconds of `CLOCK_MONOTONIC`, which the test and its child share.
-fn now_us() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    u64::try_from(t.tv_sec).expect("time") * 1_000_000
-        + u64::try_from(t.tv_nsec).expect("time") / 1_000
-}
 
 /// A fencing table of the test's own, so no other test's tokens are in it.
 fn fencing_table() -> String {
@@ -91,26 +84,6 @@ async fn taken_within_the_bound(
         "taken {freed_after:?} after the holder went silent, more than {SILENCE:?} + {SLACK:?}"
     );
     guard
-}
-
-/// Kills the child however the test ends, so a failed test leaves no frozen process.
-struct Reaped(Child);
-
-impl Reaped {
-    /// Spawns this binary running only `test` in `role` with `spec`, and starts reading its
-    /// output.
-    fn spawn(test: &str, role: &str, spec: &str) -> (Reaped, ChildOutput) {
-        let mut child = Reaped(spawn_self(test, role, spec));
-        let output = ChildOutput::read(child.0.stdout.take().expect("stdout"));
-        (child, output)
-    }
-}
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[tokio::test]

@@ -11,11 +11,13 @@
 //! | `turn.rs` | the per-key FIFO queue of one manager's tasks, and the in-process handoff |
 //! | `slots.rs` | the table of per-key queues, which forgets keys nobody waits for |
 //! | `budget.rs` | how many locks the manager may hold at once |
+//! | `cycles.rs` | lock-order cycles among the manager's own callers |
 //! | `liveness.rs` | how long a lock can be trusted without hearing from its session |
 //! | `options.rs` | what the engine is built with, and the part both managers' builders share |
 //! | `spans.rs` | tracing spans and their outcomes |
 
 mod budget;
+mod cycles;
 mod direct;
 mod guard;
 mod liveness;
@@ -206,6 +208,8 @@ pub(crate) struct Core<B: Backend> {
     handoff: Option<HandoffLimits>,
     budget: Arc<Budget>,
     defer_drops: bool,
+    /// The waits of callers inside critical sections, to break lock-order cycles.
+    waits: cycles::Waits,
 }
 
 impl<B: Backend> Core<B> {
@@ -222,6 +226,7 @@ impl<B: Backend> Core<B> {
             handoff: options.handoff,
             budget: options.budget,
             defer_drops: options.defer_drops,
+            waits: cycles::Waits::default(),
         }
     }
 
@@ -332,6 +337,20 @@ impl<B: Backend> Core<B> {
 
     async fn acquire_traced(self: &Arc<Self>, request: &Request<'_>) -> Result<LockGuard> {
         let key = request.key;
+        // A caller inside sections of this manager holds keys while it waits: registered, so a
+        // wait that would close a cycle fails at once.
+        let held = crate::scope::held_by(&self.holder_id);
+        let _waiting = match held.is_empty() {
+            true => None,
+            false => Some(
+                self.waits
+                    .register(key, request.mode, held)
+                    .map_err(|cycle| Error::Deadlock {
+                        key: request.name(),
+                        cycle,
+                    })?,
+            ),
+        };
         if let Some(pause) = self.checkpoint(Stage::Turn, key) {
             pause.await;
         }

@@ -5,9 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::PgPool;
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, Semaphore};
 use tokio::time::Instant;
 
+use super::doorbell::Doorbell;
 use super::lock_session::{Lease, SessionError};
 use super::monitor::Monitor;
 use super::sessions::{LockSessions, Unavailable};
@@ -32,6 +33,10 @@ pub(crate) struct PgBackend {
     pub(crate) monitor: Arc<Monitor>,
     /// Clean wait sessions kept for the next contended acquisitions.
     pub(crate) idle: Arc<IdleSessions>,
+    /// Wakes the waiters that have no connection of their own.
+    pub(crate) doorbell: Doorbell,
+    /// The wait sessions the manager's connection cap leaves room for.
+    pub(crate) wait_slots: Arc<Semaphore>,
     /// Set once the fencing table is known to exist.
     pub(crate) fencing_ready: Arc<OnceCell<()>>,
     /// The manager's budget of held locks, whose default the first session's set-up derives.
@@ -45,7 +50,10 @@ impl PgBackend {
     ///
     /// The caller's deadline bounds getting the session; a request with none (a try, a zero
     /// timeout, or no timeout at all) waits for it as long as the pool's `acquire_timeout`.
-    async fn try_on_lock_session(&self, req: &Request<'_>) -> Result<Option<(Lease, Option<i64>)>> {
+    pub(crate) async fn try_on_lock_session(
+        &self,
+        req: &Request<'_>,
+    ) -> Result<Option<(Lease, Option<i64>)>> {
         let mut retries = 2;
         loop {
             let deadline = req.deadline.filter(|_| !req.is_immediate());
@@ -138,11 +146,8 @@ impl Backend for PgBackend {
         if req.is_immediate() {
             return Err(req.timed_out());
         }
-        // Held elsewhere: wait in the server's queue, on a session of our own. Boxed, so the
-        // uncontended path's future stays small.
-        let (session, token) = Box::pin(self.wait(req)).await?;
-        // From here on it is held like any other lock: kept heard and watched by a task.
-        Ok((self.sessions.adopt(session, req.target, req.mode), token))
+        // Held elsewhere (see `wait.rs`). Boxed, so the uncontended path's future stays small.
+        Box::pin(self.contend(req)).await
     }
 
     async fn try_lock(&self, req: &Request<'_>) -> Result<Option<(Lease, Option<i64>)>> {

@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::PgPool;
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, Semaphore};
 
 use super::PostgresLockManager;
 use super::backend::PgBackend;
+use super::doorbell::{Doorbell, DoorbellConfig};
 use super::fencing::FencingTable;
 use super::lock_session::{Heartbeat, SessionContext};
 use super::monitor::Monitor;
@@ -38,9 +39,14 @@ pub struct PostgresLockManagerBuilder {
     handoff: Option<HandoffLimits>,
     idle_sessions: (usize, Duration),
     lock_sessions: usize,
+    max_connections: Option<usize>,
+    wait_poll_interval: Duration,
     session_idle_timeout: Duration,
     allow_standby: bool,
 }
+
+/// The default [`max_connections`](PostgresLockManagerBuilder::max_connections).
+const DEFAULT_MAX_CONNECTIONS: usize = 4;
 
 impl PostgresLockManagerBuilder {
     pub(super) fn new(pool: PgPool) -> Self {
@@ -57,6 +63,8 @@ impl PostgresLockManagerBuilder {
             handoff: Some(HandoffLimits::DEFAULT),
             idle_sessions: (usize::MAX, Duration::from_millis(250)),
             lock_sessions: 2,
+            max_connections: None,
+            wait_poll_interval: Duration::from_millis(250),
             session_idle_timeout: Duration::from_secs(10),
             allow_standby: false,
         }
@@ -112,10 +120,39 @@ impl PostgresLockManagerBuilder {
     }
 
     /// How many lock sessions (connections of the pool, each carrying any number of locks) the
-    /// manager may open at once. Acquisitions go to the least busy one; a new one opens, up to
-    /// this cap, only when all are busy. Default: 2. At least 1.
+    /// manager may open at once, within [`max_connections`](Self::max_connections).
+    /// Acquisitions go to the least busy one; a new one opens, up to this cap, when all are
+    /// busy or the least busy carries 256 locks. Default: 2. At least 1.
     pub fn lock_sessions(mut self, max: usize) -> Self {
         self.lock_sessions = max.max(1);
+        self
+    }
+
+    /// The most connections the manager has open at once, whatever the number of locks it
+    /// holds or waits for: its lock sessions, its wait sessions (a contended lock waited for
+    /// in the server's queue, then held there) and its listener (one connection of its own,
+    /// outside the pool, open while some task waits without a wait session). The rest of the
+    /// pool stays the application's.
+    ///
+    /// The cap goes to one lock session, one wait session, the listener, the other
+    /// [`lock_sessions`](Self::lock_sessions), and what is left to wait sessions. A wait
+    /// beyond them needs no connection: it is tried again on the lock sessions whenever a
+    /// pglock release of its key notifies it, and at every
+    /// [`wait_poll_interval`](Self::wait_poll_interval); it moves into the server's queue as
+    /// soon as a wait session is free. Default: 4 (of sqlx's default pool of 10: 2 lock
+    /// sessions, the listener, 1 wait session), and never more than the pool's
+    /// `max_connections`. At least 1.
+    pub fn max_connections(mut self, max: usize) -> Self {
+        self.max_connections = Some(max.max(1));
+        self
+    }
+
+    /// How often a wait without a connection of its own tries again when nothing tells it the
+    /// lock was released: the bound on noticing a holder that does not notify (a killed
+    /// process, the Python original, `psql`). The tries of all such waits run together, as
+    /// one statement per lock session. Default: 250 ms. At least 10 ms.
+    pub fn wait_poll_interval(mut self, interval: Duration) -> Self {
+        self.wait_poll_interval = interval.max(Duration::from_millis(10));
         self
     }
 
@@ -322,6 +359,8 @@ impl PostgresLockManagerBuilder {
         let tag = (self.tag_prefix.as_ref()).map(|prefix| {
             crate::identity::application_name(&format!("{prefix}{}", options.holder_id))
         });
+        let tag_for_listener = tag.clone();
+        let pool_size = self.pool.options().get_max_connections() as usize;
         let backend = Backend {
             statements: Arc::new(Statements::new(
                 self.fencing,
@@ -333,7 +372,9 @@ impl PostgresLockManagerBuilder {
             silence: self.silence_timeout,
             release_timeout: self.release_timeout,
             session_idle_timeout: self.session_idle_timeout,
-            lock_sessions: self.lock_sessions,
+            split: ConnectionSplit::new(self.max_connections, self.lock_sessions, pool_size),
+            tag: tag_for_listener,
+            wait_poll_interval: self.wait_poll_interval,
             allow_standby: self.allow_standby,
             idle_sessions: self.idle_sessions,
         }
@@ -353,9 +394,43 @@ struct Backend {
     silence: Option<Duration>,
     release_timeout: Duration,
     session_idle_timeout: Duration,
-    lock_sessions: usize,
+    split: ConnectionSplit,
+    tag: Option<String>,
+    wait_poll_interval: Duration,
     allow_standby: bool,
     idle_sessions: (usize, Duration),
+}
+
+/// How the manager's connection cap is shared out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ConnectionSplit {
+    lock_sessions: usize,
+    listener: bool,
+    wait_sessions: usize,
+}
+
+impl ConnectionSplit {
+    /// The cap (`max`, or the default, within the pool's size) shared out in this order: one
+    /// lock session, one wait session (so the manager always has a place in the server's FIFO
+    /// queue), the listener, the other lock sessions, and the rest to wait sessions.
+    fn new(max: Option<usize>, lock_sessions: usize, pool_size: usize) -> Self {
+        let cap = max
+            .unwrap_or(DEFAULT_MAX_CONNECTIONS)
+            .min(pool_size.max(1))
+            .max(1);
+        let mut left = cap - 1;
+        let first_wait = left.min(1);
+        left -= first_wait;
+        let listener = left >= 1;
+        left -= usize::from(listener);
+        let more_sessions = lock_sessions.saturating_sub(1).min(left);
+        left -= more_sessions;
+        ConnectionSplit {
+            lock_sessions: 1 + more_sessions,
+            listener,
+            wait_sessions: first_wait + left,
+        }
+    }
 }
 
 impl Backend {
@@ -372,7 +447,7 @@ impl Backend {
             report_loss: self.detect_lost_locks,
         });
         let config = SessionsConfig {
-            max: self.lock_sessions,
+            max: self.split.lock_sessions,
             statement_timeout: self.release_timeout,
             allow_standby: self.allow_standby,
         };
@@ -384,7 +459,19 @@ impl Backend {
             Arc::clone(&monitor),
             Arc::clone(&budget),
         );
+        let doorbell = Doorbell::new(
+            self.pool.clone(),
+            DoorbellConfig {
+                poll_interval: self.wait_poll_interval,
+                listen: self.split.listener,
+                tag: self.tag,
+                statement_timeout: self.release_timeout,
+                linger: self.session_idle_timeout,
+            },
+        );
         PgBackend {
+            doorbell,
+            wait_slots: Arc::new(Semaphore::new(self.split.wait_sessions)),
             statements: self.statements,
             sessions,
             fencing_ready,
@@ -407,8 +494,6 @@ impl Backend {
     }
 }
 
-/// The monitor connection's `application_name`: the pool's, tagged, so `pg_stat_activity`
-/// attributes it to its manager.
 impl fmt::Debug for PostgresLockManagerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresLockManagerBuilder")
@@ -420,9 +505,32 @@ impl fmt::Debug for PostgresLockManagerBuilder {
             .field("silence_timeout", &self.silence_timeout)
             .field("handoff", &self.handoff)
             .field("lock_sessions", &self.lock_sessions)
+            .field("max_connections", &self.max_connections)
+            .field("wait_poll_interval", &self.wait_poll_interval)
             .field("session_idle_timeout", &self.session_idle_timeout)
             .field("allow_standby", &self.allow_standby)
             .field("idle_sessions", &self.idle_sessions)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ConnectionSplit;
+
+    #[test]
+    fn the_cap_goes_to_the_listener_then_lock_sessions_then_waits() {
+        let split = |max, sessions, pool| {
+            let s = ConnectionSplit::new(max, sessions, pool);
+            (s.listener, s.lock_sessions, s.wait_sessions)
+        };
+        // sqlx's default pool of 10, the default cap of 4.
+        assert_eq!(split(None, 2, 10), (true, 2, 1));
+        assert_eq!(split(Some(8), 2, 10), (true, 2, 5));
+        // Never more than the pool; a place in the server's queue before the listener.
+        assert_eq!(split(Some(8), 2, 3), (true, 1, 1));
+        assert_eq!(split(None, 2, 2), (false, 1, 1));
+        assert_eq!(split(Some(1), 2, 10), (false, 1, 0));
+        assert_eq!(split(Some(5), 4, 10), (true, 3, 1));
     }
 }

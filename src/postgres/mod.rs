@@ -13,6 +13,7 @@
 
 pub(crate) mod backend;
 mod builder;
+mod doorbell;
 pub(crate) mod errors;
 mod fencing;
 mod lock_session;

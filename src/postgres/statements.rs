@@ -129,13 +129,50 @@ fn bound_args(pair: bool) -> (&'static str, &'static str, &'static str) {
 /// writes the pid in, so statements bind only the lock's own arguments.
 const PID: &str = "{backend_pid}";
 
-/// Unlocks, indexed as the tries: on the expected backend only (NULL elsewhere).
-const UNLOCKS: [&str; 4] = [
-    "SELECT CASE WHEN pg_backend_pid() = {backend_pid} THEN pg_advisory_unlock($1) END",
-    "SELECT CASE WHEN pg_backend_pid() = {backend_pid} THEN pg_advisory_unlock($1, $2) END",
-    "SELECT CASE WHEN pg_backend_pid() = {backend_pid} THEN pg_advisory_unlock_shared($1) END",
-    "SELECT CASE WHEN pg_backend_pid() = {backend_pid} THEN pg_advisory_unlock_shared($1, $2) END",
-];
+/// The channel every release by a pglock manager notifies when somebody waits for the lock
+/// without a connection of its own; the payload is the lock id (`LockTarget::packed`).
+pub(crate) const UNLOCKED_CHANNEL: &str = "pglock_unlocked";
+
+/// Mixed into a lock id to make its waiters' flag, so the flag is no lock anybody takes.
+const FLAG_SALT: i64 = 0x2f3c_5a96_61d7_e4b9;
+
+/// The arguments of the waiters' flag of lock id `id` (an `int8` SQL expression): a lock in
+/// the two-integer namespace, which pglock's own keys never use for names and ids. A waiter
+/// without a connection of its own holds it shared (see `doorbell.rs`); a release takes it
+/// with `pg_try_advisory_xact_lock`, and notifies only if that fails, so a release nobody waits
+/// for costs no notification.
+pub(crate) fn flag_args(id: &str) -> String {
+    format!(
+        "((({id}) # {FLAG_SALT}::int8) >> 32)::int4, \
+         (((({id}) # {FLAG_SALT}::int8) << 32) >> 32)::int4"
+    )
+}
+
+/// `ok` (a boolean column: the unlock's result) followed by the notification of `id`'s
+/// waiters, if it unlocked and somebody flagged that they wait.
+pub(crate) fn notify_column(ok: &str, id: &str) -> String {
+    format!(
+        "CASE WHEN {ok} AND NOT pg_try_advisory_xact_lock({}) \
+         THEN pg_notify('{UNLOCKED_CHANNEL}', ({id})::text)::text END",
+        flag_args(id)
+    )
+}
+
+/// An unlock of the target bound as `$1` (`$1, $2` for a pair), on the expected backend only
+/// (NULL elsewhere), that notifies the lock's waiters (see [`notify_column`]). The unlock runs
+/// first, in a materialized CTE, so a waiter woken by the notification finds the lock free.
+fn unlock_statement(mode: LockMode, pair: bool) -> String {
+    let function = match mode {
+        LockMode::Exclusive => "pg_advisory_unlock",
+        LockMode::Shared => "pg_advisory_unlock_shared",
+    };
+    let (args, id, pid) = bound_args(pair);
+    format!(
+        "WITH u AS MATERIALIZED (SELECT CASE WHEN pg_backend_pid() = {pid} \
+         THEN {function}({args}) END AS ok) SELECT u.ok, {} FROM u",
+        notify_column("u.ok", id)
+    )
+}
 
 /// The try and unlock statements of one lock session, with its backend pid written in.
 pub(crate) struct SessionStatements {
@@ -191,7 +228,13 @@ impl Statements {
         let pid = pid.to_string();
         SessionStatements {
             tries: self.tries.each_ref().map(|t| t.replace(PID, &pid).into()),
-            unlocks: UNLOCKS.map(|u| u.replace(PID, &pid).into()),
+            unlocks: [
+                unlock_statement(LockMode::Exclusive, false),
+                unlock_statement(LockMode::Exclusive, true),
+                unlock_statement(LockMode::Shared, false),
+                unlock_statement(LockMode::Shared, true),
+            ]
+            .map(|u| u.replace(PID, &pid).into()),
         }
     }
 

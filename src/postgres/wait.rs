@@ -1,30 +1,94 @@
-//! Waiting for a contended lock: on a session of its own, in the server's FIFO queue, with the
-//! deadline enforced by the server.
+//! Waiting for a contended lock: in the server's FIFO queue on a wait session of its own, with
+//! the deadline enforced by the server, while the manager's connection cap has room for one;
+//! beyond it, without a connection, woken by the doorbell (`doorbell.rs`) to try again, and
+//! moved into the server's queue as soon as a wait session frees up.
 //!
-//! A process uses at most one such session per key at a time: the manager's other tasks that
-//! want the key queue in-process behind it (see `core/turn.rs`).
+//! A process waits at most once per key at a time: the manager's other tasks that want the
+//! key queue in-process behind it (see `core/turn.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, Row};
-use tokio::time::{Instant, timeout, timeout_at};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::{Instant, sleep_until, timeout, timeout_at};
 
 use super::backend::PgBackend;
 use super::errors::{Failure, LOCK_NOT_AVAILABLE, connection_error, has_sqlstate, statement_error};
+use super::lock_session::Lease;
 use super::statements::{MAX_LOCK_TIMEOUT_MS, whole_ms};
 use super::wait_session::PgSession;
 use crate::core::Request;
 use crate::{Error, Result};
 
+/// A wait session's place under the manager's connection cap: a kept session, or a permit to
+/// check one out of the pool.
+pub(crate) enum WaitSlot {
+    Kept(PgSession),
+    Permit(OwnedSemaphorePermit),
+}
+
 impl PgBackend {
+    /// Waits for a lock held elsewhere until it is granted or the request's deadline passes.
+    ///
+    /// Cancel safe: a wait in the server's queue closes its session when dropped; a wait
+    /// without a connection unregisters from the doorbell, and its tries are cancel safe.
+    pub(crate) async fn contend(&self, req: &Request<'_>) -> Result<(Lease, Option<i64>)> {
+        let mut slot = self.free_wait_slot();
+        let ring = slot.is_none().then(|| self.doorbell.ring(req.lock_id));
+        loop {
+            if let Some(slot) = slot.take() {
+                drop(ring);
+                let (session, token) = self.wait(req, slot).await?;
+                // From here on it is held like any other lock: kept heard and watched.
+                return Ok((self.sessions.adopt(session, req.target, req.mode), token));
+            }
+            let ring = ring.as_ref().expect("a waiter without a slot rings");
+            // Armed before the try: a wake-up while it is in flight is not missed.
+            let woken = ring.woken();
+            if let Some(granted) = self.try_on_lock_session(req).await? {
+                return Ok(granted);
+            }
+            let deadline = async {
+                match req.deadline {
+                    Some(deadline) => sleep_until(deadline).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = woken => {}
+                // The oldest of the manager's waiters gets the next free wait session.
+                permit = Arc::clone(&self.wait_slots).acquire_owned() => {
+                    slot = permit.ok().map(WaitSlot::Permit);
+                }
+                () = deadline => return Err(req.timed_out()),
+            }
+        }
+    }
+
+    /// A wait session's place, if the cap has one free right now.
+    fn free_wait_slot(&self) -> Option<WaitSlot> {
+        if let Some(kept) = self.idle.take() {
+            return Some(WaitSlot::Kept(kept));
+        }
+        let permit = Arc::clone(&self.wait_slots).try_acquire_owned().ok()?;
+        Some(WaitSlot::Permit(permit))
+    }
+
     /// Waits for the lock on a session of its own and returns that session, now holding it.
     /// A connection that turns out to have died while pooled is replaced while the deadline
     /// allows.
-    pub(crate) async fn wait(&self, req: &Request<'_>) -> Result<(PgSession, Option<i64>)> {
+    async fn wait(
+        &self,
+        req: &Request<'_>,
+        mut slot: WaitSlot,
+    ) -> Result<(PgSession, Option<i64>)> {
         let mut retries = 2;
         loop {
-            let mut session = self.checkout(req).await?;
+            let mut session = match slot {
+                WaitSlot::Kept(session) => session,
+                WaitSlot::Permit(permit) => self.checkout(req, permit).await?,
+            };
             let waited = match self.wait_on(&mut session, req).await {
                 Ok(token) => self.confirm(&mut session, req).await.map(|()| token),
                 Err(err) => Err(err),
@@ -35,6 +99,8 @@ impl PgBackend {
                     if retries > 0 && req.deadline.is_none_or(|d| Instant::now() < d) =>
                 {
                     retries -= 1;
+                    let permit = session.take_permit().expect("a wait session has a permit");
+                    slot = WaitSlot::Permit(permit);
                     tracing::debug!(key = %req.key, "retrying the wait on another connection");
                 }
                 Err(err) => return Err(err),
@@ -67,13 +133,11 @@ impl PgBackend {
         }
     }
 
-    /// A clean kept session, or a pool checkout: until the request's deadline, checking out
-    /// again whenever the pool's own `acquire_timeout` runs out first; without a deadline,
-    /// within the pool's `acquire_timeout`.
-    async fn checkout(&self, req: &Request<'_>) -> Result<PgSession> {
-        if let Some(session) = self.idle.take() {
-            return Ok(session);
-        }
+    /// A pool checkout, holding `permit`: until the request's deadline, checking out again
+    /// whenever the pool's own `acquire_timeout` runs out first; without a deadline, within
+    /// the pool's `acquire_timeout`.
+    async fn checkout(&self, req: &Request<'_>, permit: OwnedSemaphorePermit) -> Result<PgSession> {
+        let mut permit = Some(permit);
         let started = Instant::now();
         loop {
             // sqlx's checkout future is several kilobytes: boxed, it does not bloat every
@@ -87,7 +151,10 @@ impl PgBackend {
                 None => checkout.await,
             };
             let err = match checked_out {
-                Ok(conn) => return Ok(PgSession::new(conn, Arc::clone(&self.idle))),
+                Ok(conn) => {
+                    let permit = permit.take().expect("checked out once");
+                    return Ok(PgSession::new(conn, Arc::clone(&self.idle)).with_permit(permit));
+                }
                 Err(err) => err,
             };
             // Asking the server why is bounded by the deadline too.

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, Postgres};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use super::statements::SessionSettings;
@@ -25,6 +26,8 @@ pub(crate) struct IdleSessions {
 /// A kept session, with the settings to restore before it goes back to the pool.
 struct Idle {
     conn: PoolConnection<Postgres>,
+    /// Its place under the manager's connection cap, given back with the connection.
+    permit: OwnedSemaphorePermit,
     since: Instant,
     restore: Option<SessionSettings>,
     pid: i32,
@@ -49,6 +52,7 @@ impl IdleSessions {
     pub(crate) fn take(self: &Arc<Self>) -> Option<PgSession> {
         self.idle().pop().map(|idle| PgSession {
             conn: Some(idle.conn),
+            permit: Some(idle.permit),
             idle: Arc::clone(self),
             clean: true,
             pid: idle.pid,
@@ -60,25 +64,28 @@ impl IdleSessions {
     fn put(
         self: &Arc<Self>,
         conn: PoolConnection<Postgres>,
+        permit: Option<OwnedSemaphorePermit>,
         restore: Option<SessionSettings>,
         pid: i32,
         heard: Instant,
     ) {
+        // Only wait sessions are kept: they have a place under the cap to keep it in.
+        let Some(permit) = permit.filter(|_| self.max > 0) else {
+            return return_to_pool(conn, restore, None);
+        };
         let idle = Idle {
             conn,
+            permit,
             since: Instant::now(),
             restore,
             pid,
             heard,
         };
-        if self.max == 0 {
-            return return_to_pool(idle);
-        }
         {
             let mut kept = self.idle();
             if kept.len() >= self.max {
                 // Full: the oldest goes back to the pool.
-                return_to_pool(kept.remove(0));
+                kept.remove(0).return_to_pool();
             }
             kept.push(idle);
         }
@@ -88,26 +95,35 @@ impl IdleSessions {
                 Err(_) => {
                     self.reaper_running.store(false, Ordering::SeqCst);
                     let kept: Vec<Idle> = self.idle().drain(..).collect();
-                    kept.into_iter().for_each(return_to_pool);
+                    kept.into_iter().for_each(Idle::return_to_pool);
                 }
             }
         }
     }
 }
 
+impl Idle {
+    fn return_to_pool(self) {
+        return_to_pool(self.conn, self.restore, Some(self.permit));
+    }
+}
+
 /// Gives a clean session back to the pool, first restoring the settings the manager changed
 /// (its `application_name`, its silence timeouts). That takes a round trip, so it happens on a
 /// task of its own; without a runtime (or if the restore fails) the connection is closed
-/// instead, never pooled with our settings on it.
-fn return_to_pool(idle: Idle) {
-    let Idle {
-        mut conn, restore, ..
-    } = idle;
+/// instead, never pooled with our settings on it. The session's place under the manager's
+/// connection cap (`permit`) is given back once the connection is back.
+fn return_to_pool(
+    mut conn: PoolConnection<Postgres>,
+    restore: Option<SessionSettings>,
+    permit: Option<OwnedSemaphorePermit>,
+) {
     let Some(restore) = restore.filter(|restore| !restore.is_empty()) else {
         return drop(conn);
     };
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => drop(runtime.spawn(async move {
+            let _permit = permit;
             let restored = sqlx::query(super::statements::RESTORE)
                 .bind(restore.names)
                 .bind(restore.values)
@@ -124,7 +140,7 @@ fn return_to_pool(idle: Idle) {
 impl Drop for IdleSessions {
     fn drop(&mut self) {
         let kept: Vec<Idle> = self.idle().drain(..).collect();
-        kept.into_iter().for_each(return_to_pool);
+        kept.into_iter().for_each(Idle::return_to_pool);
     }
 }
 
@@ -146,7 +162,7 @@ async fn reap(idle: std::sync::Weak<IdleSessions>) {
             *kept = fresh;
             expired
         };
-        expired.into_iter().for_each(return_to_pool);
+        expired.into_iter().for_each(Idle::return_to_pool);
         if idle.idle().is_empty() {
             idle.reaper_running.store(false, Ordering::SeqCst);
             // A `put` racing with this either saw the flag still set (its session is swept on
@@ -173,6 +189,9 @@ pub(crate) struct SetUp {
 /// the server free whatever lock it may hold.
 pub(crate) struct PgSession {
     conn: Option<PoolConnection<Postgres>>,
+    /// A wait session's place under the manager's connection cap, held for as long as the
+    /// connection is out of the pool (`None` for a lock session, capped on its own).
+    permit: Option<OwnedSemaphorePermit>,
     idle: Arc<IdleSessions>,
     clean: bool,
     /// The backend process id, once a lock statement has reported it.
@@ -188,12 +207,24 @@ impl PgSession {
     pub(crate) fn new(conn: PoolConnection<Postgres>, idle: Arc<IdleSessions>) -> Self {
         PgSession {
             conn: Some(conn),
+            permit: None,
             idle,
             clean: true,
             pid: 0,
             restore: None,
             heard: Instant::now(),
         }
+    }
+
+    /// The same session, holding `permit`: a wait session's place under the cap.
+    pub(crate) fn with_permit(mut self, permit: OwnedSemaphorePermit) -> Self {
+        self.permit = Some(permit);
+        self
+    }
+
+    /// Takes the session's place under the cap back (to wait on another connection).
+    pub(crate) fn take_permit(&mut self) -> Option<OwnedSemaphorePermit> {
+        self.permit.take()
     }
 
     /// Whether [`set_up`](Self::set_up) has run on this connection.
@@ -307,9 +338,10 @@ impl Drop for PgSession {
             return;
         };
         if self.clean {
+            let permit = self.permit.take();
             return self
                 .idle
-                .put(conn, self.restore.take(), self.pid, self.heard);
+                .put(conn, permit, self.restore.take(), self.pid, self.heard);
         }
         if tokio::runtime::Handle::try_current().is_ok() {
             // Sends Terminate and closes on a task; sqlx keeps the pool's count right.

@@ -22,9 +22,47 @@ pub fn spawn_self(test: &str, prefix: &str, spec: &str) -> Child {
         .args([test, "--exact", "--nocapture", "--test-threads=1"])
         .arg(format!("{prefix}{spec}"))
         .env("DATABASE_URL", super::url())
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn a copy of the test binary")
+}
+
+/// A child process that is killed (if still running) and reaped when this is dropped, so a
+/// failing test leaves no process behind.
+pub struct Reaped(pub Child);
+
+impl Reaped {
+    /// Spawns this binary running only `test` as `role` with `spec` (see [`spawn_self`]), and
+    /// starts reading its output.
+    pub fn spawn(test: &str, role: &str, spec: &str) -> (Reaped, ChildOutput) {
+        let mut child = Reaped(spawn_self(test, role, spec));
+        let output = ChildOutput::read(child.0.stdout.take().expect("stdout"));
+        (child, output)
+    }
+
+    /// Writes `line` to the child's standard input.
+    pub fn tell(&mut self, line: &str) {
+        use std::io::Write;
+        let stdin = self.0.stdin.as_mut().expect("stdin");
+        writeln!(stdin, "{line}")
+            .and_then(|()| stdin.flush())
+            .expect("write to the child");
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The next line of this process's standard input (a child's instruction from its test).
+pub fn instruction() -> String {
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).expect("read stdin");
+    line.trim().to_owned()
 }
 
 /// How long a test waits for the next line from a child.

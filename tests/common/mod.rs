@@ -3,6 +3,7 @@
 
 mod ages;
 pub mod child;
+pub mod clock;
 mod db;
 mod held;
 pub mod hooked;

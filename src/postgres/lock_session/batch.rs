@@ -9,10 +9,12 @@
 //! to receive is unlocked before the next command.
 
 use std::collections::HashSet;
+use std::sync::LazyLock;
 use std::sync::atomic::Ordering;
 
 use super::task::{Broken, Task};
 use super::{Command, SessionError};
+use crate::postgres::statements::notify_column;
 use crate::{LockMode, LockTarget};
 
 /// The most commands one statement runs.
@@ -24,10 +26,17 @@ const TRY_BATCH: &str = "SELECT CASE WHEN pg_backend_pid() = $1 THEN CASE WHEN t
      THEN pg_try_advisory_lock_shared(t.id) ELSE pg_try_advisory_lock(t.id) END END \
      FROM unnest($2::int8[], $3::bool[]) WITH ORDINALITY AS t(id, s, i) ORDER BY t.i";
 
-/// Unlocks, in order, as [`TRY_BATCH`].
-const UNLOCK_BATCH: &str = "SELECT CASE WHEN pg_backend_pid() = $1 THEN CASE WHEN t.s \
-     THEN pg_advisory_unlock_shared(t.id) ELSE pg_advisory_unlock(t.id) END END \
-     FROM unnest($2::int8[], $3::bool[]) WITH ORDINALITY AS t(id, s, i) ORDER BY t.i";
+/// Unlocks, in order, as [`TRY_BATCH`], each notifying its lock's waiters as a single unlock
+/// does (see `statements::notify_column`).
+static UNLOCK_BATCH: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH u AS MATERIALIZED (SELECT t.i, t.id, CASE WHEN pg_backend_pid() = $1 THEN \
+         CASE WHEN t.s THEN pg_advisory_unlock_shared(t.id) ELSE pg_advisory_unlock(t.id) END \
+         END AS ok FROM unnest($2::int8[], $3::bool[]) WITH ORDINALITY AS t(id, s, i)) \
+         SELECT u.ok, {} FROM u ORDER BY u.i",
+        notify_column("u.ok", "u.id")
+    )
+});
 
 /// What a batch is made of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,7 +187,7 @@ impl Task {
             }
         }
         let targets: Vec<(i64, LockMode)> = unlocks.iter().map(|(id, m, _)| (*id, *m)).collect();
-        let answers = self.run_batch(UNLOCK_BATCH, &targets).await;
+        let answers = self.run_batch(&UNLOCK_BATCH, &targets).await;
         // Whatever the server says, this session no longer holds these locks for us: unlocked,
         // not held, or the session is about to close (as for a single unlock).
         self.shared.held.fetch_sub(targets.len(), Ordering::SeqCst);

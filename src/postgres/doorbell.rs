@@ -1,0 +1,421 @@
+//! Waiting for a contended lock without a connection of its own.
+//!
+//! A waiter registers its lock id here ([`Doorbell::ring`]) and then tries the lock on the
+//! manager's lock sessions each time it is woken, until a try is granted. It is woken:
+//!
+//! * **when a pglock manager releases the lock**, in any process: while some of this manager's
+//!   tasks wait for a lock, its listener connection holds that lock's *waiters' flag* shared
+//!   and `LISTEN`s on [`UNLOCKED_CHANNEL`]; every pglock release tries the flag and notifies
+//!   the channel only when it finds it taken (see `statements::notify_column`), so a release
+//!   nobody waits for sends no notification;
+//! * **on every poll tick** ([`poll_interval`](crate::PostgresLockManagerBuilder::wait_poll_interval)),
+//!   for holders that do not notify: a process that was killed, the Python original, `psql`;
+//! * once more right after its flag is raised, and whenever the listener connects again, so a
+//!   release between the waiter's first try and its flag is never missed.
+//!
+//! The tries of many waiters woken together run as one statement on a lock session (see
+//! `lock_session/batch.rs`). The listener has a connection of its own, outside the pool but
+//! within the manager's [`max_connections`](crate::PostgresLockManagerBuilder::max_connections),
+//! opened by the first such wait and closed once nobody has waited for the session idle
+//! timeout; closing it frees every flag with it, so nothing it held can outlive it.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use sqlx::postgres::{PgListener, PgPoolOptions};
+use sqlx::{AssertSqlSafe, PgPool};
+use tokio::sync::Notify;
+use tokio::time::{Instant, MissedTickBehavior, interval, sleep_until, timeout};
+
+use super::statements::{UNLOCKED_CHANNEL, flag_args};
+use crate::core::FastHash;
+
+/// How long the listener waits before connecting again after a failure.
+const RECONNECT_AFTER: Duration = Duration::from_secs(1);
+
+/// The waiters of one manager, and the task that wakes them.
+pub(crate) struct Doorbell {
+    inner: Arc<Inner>,
+}
+
+/// How the doorbell is set up.
+pub(crate) struct DoorbellConfig {
+    /// Every waiter tries again this often, whatever it hears.
+    pub(crate) poll_interval: Duration,
+    /// Whether the manager may open a listener connection (its connection cap allows one).
+    pub(crate) listen: bool,
+    /// The listener's `application_name`, if the manager tags its sessions.
+    pub(crate) tag: Option<String>,
+    /// How long a statement on the listener may go unanswered before it is closed.
+    pub(crate) statement_timeout: Duration,
+    /// How long the listener stays open with nobody waiting.
+    pub(crate) linger: Duration,
+}
+
+struct Inner {
+    pool: PgPool,
+    config: DoorbellConfig,
+    state: Mutex<State>,
+    /// Every waiter tries again when this is notified: each poll tick, each (re)connection.
+    tick: Notify,
+    /// The task looks at the set of waited-for locks again.
+    changed: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    /// The locks somebody waits for, each with its number of waiters and its bell.
+    waiting: HashMap<i64, Waiting, FastHash>,
+    /// Whether the task runs.
+    running: bool,
+    /// Whether the listener is connected and listening (for tests and introspection).
+    listening: bool,
+}
+
+struct Waiting {
+    waiters: usize,
+    bell: Arc<Notify>,
+}
+
+impl Doorbell {
+    pub(crate) fn new(pool: PgPool, config: DoorbellConfig) -> Self {
+        Doorbell {
+            inner: Arc::new(Inner {
+                pool,
+                config,
+                state: Mutex::new(State::default()),
+                tick: Notify::new(),
+                changed: Notify::new(),
+            }),
+        }
+    }
+
+    /// Registers a waiter for `lock_id` until the returned ring is dropped, starting the task
+    /// that wakes waiters if it is not running.
+    pub(crate) fn ring(&self, lock_id: i64) -> Ring {
+        let bell = {
+            let mut state = self.inner.state();
+            let waiting = state.waiting.entry(lock_id).or_insert_with(|| Waiting {
+                waiters: 0,
+                bell: Arc::new(Notify::new()),
+            });
+            waiting.waiters += 1;
+            let bell = Arc::clone(&waiting.bell);
+            if !state.running {
+                state.running = true;
+                drop(tokio::spawn(Arc::clone(&self.inner).run()));
+            }
+            bell
+        };
+        self.inner.changed.notify_one();
+        Ring {
+            inner: Arc::clone(&self.inner),
+            lock_id,
+            bell,
+        }
+    }
+}
+
+/// One waiter's registration. Dropping it unregisters the waiter (the task lowers the flag
+/// once nobody waits for the lock).
+pub(crate) struct Ring {
+    inner: Arc<Inner>,
+    lock_id: i64,
+    bell: Arc<Notify>,
+}
+
+impl Ring {
+    /// Resolves at the next wake-up of this waiter: a release of its lock, a poll tick, or
+    /// the listener connecting. Call it *before* the try it follows, so a wake-up that comes
+    /// while the try is in flight is not missed.
+    pub(crate) fn woken(&self) -> impl Future<Output = ()> + Send + '_ {
+        let mut bell = Box::pin(self.bell.notified());
+        let mut tick = Box::pin(self.inner.tick.notified());
+        bell.as_mut().enable();
+        tick.as_mut().enable();
+        async move {
+            tokio::select! {
+                () = bell => {}
+                () = tick => {}
+            }
+        }
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        let mut state = self.inner.state();
+        if let Some(waiting) = state.waiting.get_mut(&self.lock_id) {
+            waiting.waiters -= 1;
+            if waiting.waiters == 0 {
+                state.waiting.remove(&self.lock_id);
+                drop(state);
+                self.inner.changed.notify_one();
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn state(&self) -> MutexGuard<'_, State> {
+        crate::sync::lock(&self.state)
+    }
+
+    /// The locks waited for right now.
+    fn wanted(&self) -> HashSet<i64> {
+        self.state().waiting.keys().copied().collect()
+    }
+
+    /// Rings the bells of `ids`.
+    fn wake(&self, ids: impl IntoIterator<Item = i64>) {
+        let state = self.state();
+        for id in ids {
+            if let Some(waiting) = state.waiting.get(&id) {
+                waiting.bell.notify_waiters();
+            }
+        }
+    }
+
+    /// The task: ticks, listens, keeps the flags in step with the waiters, and ends once
+    /// nobody has waited for the linger time.
+    async fn run(self: Arc<Self>) {
+        let mut ticker = interval(self.config.poll_interval);
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut link = Link::Down {
+            retry_at: Instant::now(),
+        };
+        let mut idle_since: Option<Instant> = None;
+        loop {
+            let event = tokio::select! {
+                _ = ticker.tick() => Event::Tick,
+                () = self.changed.notified() => Event::Changed,
+                heard = link.next(&self) => heard,
+            };
+            match event {
+                Event::Tick => self.tick.notify_waiters(),
+                Event::Changed => {}
+                Event::Connected => {
+                    // Whatever was released while nobody listened is found by a try.
+                    self.state().listening = true;
+                    self.tick.notify_waiters();
+                }
+                Event::Notified(id) => self.wake([id]),
+                Event::Lost => {
+                    self.state().listening = false;
+                    self.tick.notify_waiters();
+                }
+            }
+            if let Link::Up(up) = &mut link
+                && let Err(err) = up.sync(&self).await
+            {
+                tracing::debug!(%err, "the waiters' listener failed; waiters poll meanwhile");
+                link.close(&self).await;
+            }
+            // Nobody waits: stop after the linger time.
+            let stop = {
+                let mut state = self.state();
+                if state.waiting.is_empty() {
+                    let since = *idle_since.get_or_insert_with(Instant::now);
+                    let stop = since.elapsed() >= self.config.linger;
+                    if stop {
+                        state.running = false;
+                    }
+                    stop
+                } else {
+                    idle_since = None;
+                    false
+                }
+            };
+            if stop {
+                link.close(&self).await;
+                return;
+            }
+        }
+    }
+}
+
+/// What woke the task.
+enum Event {
+    Tick,
+    Changed,
+    Connected,
+    Notified(i64),
+    Lost,
+}
+
+/// The listener connection, when there is one.
+enum Link {
+    Down {
+        retry_at: Instant,
+    },
+    /// Connecting on a task of its own, so the task's other events never cut it short.
+    Connecting(tokio::task::JoinHandle<Result<Listening, sqlx::Error>>),
+    Up(Box<Listening>),
+}
+
+struct Listening {
+    /// A pool of one connection of the manager's own, so closing it closes the connection,
+    /// and whatever flags it holds go with it.
+    pool: PgPool,
+    listener: PgListener,
+    /// The flags this connection holds.
+    raised: HashSet<i64>,
+}
+
+impl Link {
+    /// The next thing the listener hears; connects first when it is down and may.
+    ///
+    /// Cancel safe: a connection under way goes on on its own task, and a notification is
+    /// read whole or not at all.
+    async fn next(&mut self, inner: &Arc<Inner>) -> Event {
+        loop {
+            match self {
+                Link::Down { retry_at } => {
+                    if !inner.config.listen {
+                        return std::future::pending().await;
+                    }
+                    sleep_until(*retry_at).await;
+                    *self = Link::Connecting(tokio::spawn(Listening::connect(Arc::clone(inner))));
+                }
+                Link::Connecting(opening) => {
+                    let opened = match opening.await {
+                        Ok(opened) => opened,
+                        Err(join) => Err(sqlx::Error::Protocol(join.to_string())),
+                    };
+                    return match opened {
+                        Ok(up) => {
+                            *self = Link::Up(Box::new(up));
+                            Event::Connected
+                        }
+                        Err(err) => {
+                            tracing::debug!(%err, "cannot open the waiters' listener; polling");
+                            *self = Link::Down {
+                                retry_at: Instant::now() + RECONNECT_AFTER,
+                            };
+                            Event::Lost
+                        }
+                    };
+                }
+                Link::Up(up) => {
+                    return match up.listener.try_recv().await {
+                        Ok(Some(note)) => match note.payload().parse() {
+                            Ok(id) => Event::Notified(id),
+                            Err(_) => Event::Changed,
+                        },
+                        // The connection broke (without eager reconnection, sqlx says so
+                        // before connecting again) or failed: its flags went with it.
+                        Ok(None) | Err(_) => {
+                            self.close(inner).await;
+                            Event::Lost
+                        }
+                    };
+                }
+            }
+        }
+    }
+
+    /// Closes the listener, if it is open (its flags go with its connection), or gives up
+    /// the opening under way.
+    async fn close(&mut self, inner: &Inner) {
+        let was = std::mem::replace(
+            self,
+            Link::Down {
+                retry_at: Instant::now() + RECONNECT_AFTER,
+            },
+        );
+        inner.state().listening = false;
+        match was {
+            Link::Up(up) => {
+                let Listening { pool, listener, .. } = *up;
+                drop(listener);
+                pool.close().await;
+            }
+            Link::Connecting(opening) => {
+                opening.abort();
+                if let Ok(Ok(up)) = opening.await {
+                    up.pool.close().await;
+                }
+            }
+            Link::Down { .. } => {}
+        }
+    }
+}
+
+impl Listening {
+    async fn connect(inner: Arc<Inner>) -> Result<Listening, sqlx::Error> {
+        let mut options = (*inner.pool.connect_options()).clone();
+        if let Some(tag) = &inner.config.tag {
+            options = options.application_name(tag);
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .acquire_timeout(inner.config.statement_timeout)
+            .connect_lazy_with(options);
+        let opened = async {
+            let mut listener = PgListener::connect_with(&pool).await?;
+            // A broken connection is reported (`try_recv` answers `None`), not replaced behind
+            // our back without the flags.
+            listener.eager_reconnect(false);
+            listener.listen(UNLOCKED_CHANNEL).await?;
+            Ok::<_, sqlx::Error>(listener)
+        };
+        match timeout(inner.config.statement_timeout, opened).await {
+            Ok(Ok(listener)) => Ok(Listening {
+                pool,
+                listener,
+                raised: HashSet::new(),
+            }),
+            Ok(Err(err)) => {
+                pool.close().await;
+                Err(err)
+            }
+            Err(_) => {
+                pool.close().await;
+                Err(sqlx::Error::PoolTimedOut)
+            }
+        }
+    }
+
+    /// Raises the flags of the locks now waited for and lowers the others; rings the bells
+    /// of those just raised, so their waiters try once more with the flag up.
+    async fn sync(&mut self, inner: &Inner) -> Result<(), sqlx::Error> {
+        let wanted = inner.wanted();
+        let raise: Vec<i64> = wanted.difference(&self.raised).copied().collect();
+        let lower: Vec<i64> = self.raised.difference(&wanted).copied().collect();
+        let bound = inner.config.statement_timeout;
+        if !lower.is_empty() {
+            let sql = format!(
+                "SELECT count(pg_advisory_unlock_shared({})) FROM unnest($1::int8[]) AS t(id)",
+                flag_args("t.id")
+            );
+            let query = sqlx::query(AssertSqlSafe(sql)).bind(&lower);
+            timeout(bound, query.execute(&mut self.listener))
+                .await
+                .map_err(|_| sqlx::Error::PoolTimedOut)??;
+            for id in &lower {
+                self.raised.remove(id);
+            }
+        }
+        if !raise.is_empty() {
+            // A try, not a wait: the flag is taken exclusively only for the instant of a
+            // release, which a try that fails here has just passed (the waiter's next try
+            // finds the lock free). It is raised at the next look.
+            let sql = format!(
+                "SELECT t.id FROM unnest($1::int8[]) AS t(id) \
+                 WHERE pg_try_advisory_lock_shared({})",
+                flag_args("t.id")
+            );
+            let query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql)).bind(&raise);
+            let raised = timeout(bound, query.fetch_all(&mut self.listener))
+                .await
+                .map_err(|_| sqlx::Error::PoolTimedOut)??;
+            self.raised.extend(raised.iter().copied());
+            inner.wake(raise);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,199 @@
+//! Lock-order cycles: callers inside critical sections waiting for each other's keys. A cycle
+//! among one manager's callers fails at once, for exactly one of them, and the others go on;
+//! waits that form no cycle never fail as deadlocks.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use pglock::{Error, InMemoryLockManager, LockKey, LockManager, LockManagerExt};
+use tokio::sync::Barrier;
+
+type Manager = Arc<dyn LockManager>;
+
+async fn postgres() -> Manager {
+    let app = common::app_name("cycles");
+    Arc::new(common::manager_for(common::pool_named(4, &app).await, &app).build())
+}
+
+fn memory() -> Manager {
+    Arc::new(InMemoryLockManager::new())
+}
+
+/// Inside a section on `first`, once the other caller holds its own first key, waits for
+/// `second` with no deadline. Returns what the section returned.
+async fn transfer(
+    locks: Manager,
+    first: String,
+    second: String,
+    both_hold: Arc<Barrier>,
+) -> pglock::Result<()> {
+    let inner = Arc::clone(&locks);
+    locks
+        .with_lock(first.as_str(), None, |_| async move {
+            both_hold.wait().await;
+            inner.with_lock(second.as_str(), None, |_| async {}).await
+        })
+        .await?
+}
+
+/// Exactly one of two outcomes is the deadlock, naming both keys; the other completed.
+fn one_victim(outcomes: [pglock::Result<()>; 2], a: &str, b: &str) {
+    let victims: Vec<&Error> = outcomes.iter().filter_map(|o| o.as_ref().err()).collect();
+    assert_eq!(victims.len(), 1, "exactly one caller fails: {outcomes:?}");
+    match victims[0] {
+        Error::Deadlock { key, cycle } => {
+            let mut keys: Vec<String> = cycle.iter().map(LockKey::to_string).collect();
+            keys.sort();
+            let mut expected = vec![a.to_owned(), b.to_owned()];
+            expected.sort();
+            assert_eq!(keys, expected, "the cycle names both keys");
+            assert_eq!(cycle.first(), Some(key), "starting with the key asked for");
+        }
+        other => panic!("expected a deadlock, got {other:?}"),
+    }
+}
+
+/// Two tasks of one manager, each inside a section on one key, ask for the other's key.
+async fn two_tasks(locks: Manager) {
+    let (a, b) = (common::key("cycle-a"), common::key("cycle-b"));
+    let both_hold = Arc::new(Barrier::new(2));
+    let first = tokio::spawn(transfer(
+        Arc::clone(&locks),
+        a.clone(),
+        b.clone(),
+        Arc::clone(&both_hold),
+    ));
+    let second = tokio::spawn(transfer(
+        Arc::clone(&locks),
+        b.clone(),
+        a.clone(),
+        both_hold,
+    ));
+    let (first, second) =
+        common::within("the cycle is broken", async { tokio::join!(first, second) }).await;
+    one_victim([first.expect("task"), second.expect("task")], &a, &b);
+    assert_eq!(locks.held_lock_count(), 0);
+}
+
+/// The same between two sibling futures of one task.
+async fn two_siblings(locks: Manager) {
+    let (a, b) = (common::key("cycle-a"), common::key("cycle-b"));
+    let both_hold = Arc::new(Barrier::new(2));
+    let outcomes = common::within("the cycle is broken", async {
+        tokio::join!(
+            transfer(
+                Arc::clone(&locks),
+                a.clone(),
+                b.clone(),
+                Arc::clone(&both_hold)
+            ),
+            transfer(Arc::clone(&locks), b.clone(), a.clone(), both_hold),
+        )
+    })
+    .await;
+    one_victim([outcomes.0, outcomes.1], &a, &b);
+    assert_eq!(locks.held_lock_count(), 0);
+}
+
+/// Three tasks in a ring, a -> b -> c -> a: one fails, two finish.
+async fn three_in_a_ring(locks: Manager) {
+    let keys: Vec<String> = (0..3).map(|i| common::key(&format!("ring-{i}"))).collect();
+    let all_hold = Arc::new(Barrier::new(3));
+    let tasks: Vec<_> = (0..3)
+        .map(|i| {
+            tokio::spawn(transfer(
+                Arc::clone(&locks),
+                keys[i].clone(),
+                keys[(i + 1) % 3].clone(),
+                Arc::clone(&all_hold),
+            ))
+        })
+        .collect();
+    let outcomes = common::within("the ring is broken", futures::future::join_all(tasks)).await;
+    let failed = outcomes
+        .into_iter()
+        .map(|o| o.expect("task"))
+        .filter(|o| matches!(o, Err(Error::Deadlock { cycle, .. }) if cycle.len() == 3))
+        .count();
+    assert_eq!(failed, 1, "exactly one member of the ring fails");
+    assert_eq!(locks.held_lock_count(), 0);
+}
+
+/// 200 sections over 8 keys, each taking a second key greater than its first (one order for
+/// everyone, so no cycle can form) while others wait: no wait is ever called a deadlock.
+async fn ordered_storm(locks: Manager) {
+    let keys: Vec<String> = (0..8).map(|i| common::key(&format!("storm-{i}"))).collect();
+    let done = AtomicUsize::new(0);
+    futures::stream::iter(0..200usize)
+        .for_each_concurrent(24, |n| {
+            let (locks, keys, done) = (Arc::clone(&locks), &keys, &done);
+            async move {
+                let first = n % 7;
+                let second = first + 1 + (n / 7) % (7 - first);
+                let inner = Arc::clone(&locks);
+                let outcome = locks
+                    .with_lock(keys[first].as_str(), Some(Duration::from_secs(60)), |_| {
+                        let second = keys[second].clone();
+                        async move {
+                            tokio::task::yield_now().await;
+                            inner
+                                .with_lock(second.as_str(), Some(Duration::from_secs(60)), |_| {
+                                    tokio::task::yield_now()
+                                })
+                                .await
+                        }
+                    })
+                    .await;
+                outcome
+                    .and_then(|inner| inner)
+                    .unwrap_or_else(|err| panic!("section {n} failed: {err:?}"));
+                done.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+        .await;
+    assert_eq!(done.load(Ordering::SeqCst), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cycle_between_two_tasks_fails_one_at_once_on_postgres() {
+    two_tasks(postgres().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cycle_between_two_tasks_fails_one_at_once_in_memory() {
+    two_tasks(memory()).await;
+}
+
+#[tokio::test]
+async fn a_cycle_between_sibling_futures_fails_one_at_once_on_postgres() {
+    two_siblings(postgres().await).await;
+}
+
+#[tokio::test]
+async fn a_cycle_between_sibling_futures_fails_one_at_once_in_memory() {
+    two_siblings(memory()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ring_of_three_loses_exactly_one_on_postgres() {
+    three_in_a_ring(postgres().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ring_of_three_loses_exactly_one_in_memory() {
+    three_in_a_ring(memory()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordered_waits_are_never_called_deadlocks_on_postgres() {
+    ordered_storm(postgres().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordered_waits_are_never_called_deadlocks_in_memory() {
+    ordered_storm(memory()).await;
+}
