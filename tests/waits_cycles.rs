@@ -8,15 +8,43 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use common::child::{Reaped, instruction, role};
 use futures::StreamExt;
 use pglock::{Error, InMemoryLockManager, LockKey, LockManager, LockManagerExt};
 use tokio::sync::Barrier;
+use tokio::time::Instant;
+
+const ROLE: &str = "pglock-cycle-peer=";
 
 type Manager = Arc<dyn LockManager>;
 
 async fn postgres() -> Manager {
     let app = common::app_name("cycles");
     Arc::new(common::manager_for(common::pool_named(4, &app).await, &app).build())
+}
+
+/// A manager that probes for cycles through other managers after `probe_after`, checking
+/// every 10 ms.
+async fn probing(probe_after: Duration) -> Manager {
+    let app = common::app_name("cycles");
+    let pool = common::pool_named(4, &app).await;
+    Arc::new(
+        common::manager_for(pool, &app)
+            .deadlock_timeout(probe_after)
+            .wait_poll_interval(Duration::from_millis(10))
+            .build(),
+    )
+}
+
+/// The server's `deadlock_timeout`, which the managers probe after by default.
+async fn server_deadlock_timeout() -> Duration {
+    let ms: i64 = sqlx::query_scalar(
+        "SELECT (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 1000)::int8",
+    )
+    .fetch_one(&common::observer().await)
+    .await
+    .expect("deadlock_timeout");
+    Duration::from_millis(ms as u64)
 }
 
 fn memory() -> Manager {
@@ -126,11 +154,21 @@ async fn three_in_a_ring(locks: Manager) {
 /// 200 sections over 8 keys, each taking a second key greater than its first (one order for
 /// everyone, so no cycle can form) while others wait: no wait is ever called a deadlock.
 async fn ordered_storm(locks: Manager) {
+    ordered_storm_on(vec![locks]).await;
+}
+
+/// The same, the sections spread over `managers` in turn, each holding its second key for
+/// `hold`.
+async fn ordered_storm_on(managers: Vec<Manager>) {
+    ordered_storm_holding(managers, Duration::ZERO).await;
+}
+
+async fn ordered_storm_holding(managers: Vec<Manager>, hold: Duration) {
     let keys: Vec<String> = (0..8).map(|i| common::key(&format!("storm-{i}"))).collect();
     let done = AtomicUsize::new(0);
     futures::stream::iter(0..200usize)
         .for_each_concurrent(24, |n| {
-            let (locks, keys, done) = (Arc::clone(&locks), &keys, &done);
+            let (locks, keys, done) = (Arc::clone(&managers[n % managers.len()]), &keys, &done);
             async move {
                 let first = n % 7;
                 let second = first + 1 + (n / 7) % (7 - first);
@@ -142,7 +180,7 @@ async fn ordered_storm(locks: Manager) {
                             tokio::task::yield_now().await;
                             inner
                                 .with_lock(second.as_str(), Some(Duration::from_secs(60)), |_| {
-                                    tokio::task::yield_now()
+                                    tokio::time::sleep(hold)
                                 })
                                 .await
                         }
@@ -196,4 +234,130 @@ async fn ordered_waits_are_never_called_deadlocks_on_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ordered_waits_are_never_called_deadlocks_in_memory() {
     ordered_storm(memory()).await;
+}
+
+/// Two managers of one process, each inside a section on one key, ask for the other's key
+/// with no deadline: one fails within twice the server's `deadlock_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cycle_between_two_managers_fails_one_within_two_deadlock_timeouts() {
+    let bound = 2 * server_deadlock_timeout().await;
+    let (first, second) = (postgres().await, postgres().await);
+    let (a, b) = (common::key("cycle-a"), common::key("cycle-b"));
+    let both_hold = Arc::new(Barrier::new(3));
+    let one = tokio::spawn(transfer(
+        first,
+        a.clone(),
+        b.clone(),
+        Arc::clone(&both_hold),
+    ));
+    let other = tokio::spawn(transfer(
+        second,
+        b.clone(),
+        a.clone(),
+        Arc::clone(&both_hold),
+    ));
+    both_hold.wait().await;
+    let closed = Instant::now();
+    let mut one = std::pin::pin!(one);
+    let mut other = std::pin::pin!(other);
+    let first_out = common::within("the cycle is broken", async {
+        tokio::select! {
+            out = &mut one => (out.expect("task"), true),
+            out = &mut other => (out.expect("task"), false),
+        }
+    })
+    .await;
+    let broken_after = closed.elapsed();
+    let rest = common::within("the survivor finishes", async {
+        if first_out.1 { other.await } else { one.await }
+    })
+    .await
+    .expect("task");
+    println!("two managers: the cycle was broken {broken_after:?} after it closed");
+    assert!(
+        first_out.0.is_err(),
+        "the first to end is the victim: {:?}",
+        first_out.0
+    );
+    one_victim([first_out.0, rest], &a, &b);
+    assert!(
+        broken_after <= bound,
+        "broken after {broken_after:?}, over {bound:?}"
+    );
+}
+
+/// The same between two processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cycle_between_two_processes_fails_one_within_two_deadlock_timeouts() {
+    const TEST: &str = "a_cycle_between_two_processes_fails_one_within_two_deadlock_timeouts";
+    if let Some(spec) = role(ROLE) {
+        // The peer: inside a section on b, once told, it asks for a.
+        let (b, a) = spec.split_once('|').expect("b|a");
+        let locks = postgres().await;
+        let inner = Arc::clone(&locks);
+        let outcome = locks
+            .with_lock(b, None, |_| async move {
+                println!("\nHOLDS b");
+                tokio::task::spawn_blocking(instruction)
+                    .await
+                    .expect("stdin");
+                inner.with_lock(a, None, |_| async {}).await
+            })
+            .await
+            .and_then(|inner| inner);
+        match outcome {
+            Ok(()) => println!("\nOUTCOME completed"),
+            Err(Error::Deadlock { .. }) => println!("\nOUTCOME deadlock"),
+            Err(err) => println!("\nOUTCOME {err:?}"),
+        }
+        return;
+    }
+    let bound = 2 * server_deadlock_timeout().await;
+    let (a, b) = (common::key("cycle-a"), common::key("cycle-b"));
+    let (mut peer, output) = Reaped::spawn(TEST, ROLE, &format!("{b}|{a}"));
+    output.until("HOLDS b");
+    let locks = postgres().await;
+    let inner = Arc::clone(&locks);
+    let (closed, mine) = common::within("the cycle is broken", async {
+        locks
+            .with_lock(a.as_str(), None, |_| async {
+                peer.tell("go");
+                let closed = Instant::now();
+                (
+                    closed,
+                    inner.with_lock(b.as_str(), None, |_| async {}).await,
+                )
+            })
+            .await
+            .expect("a section on a")
+    })
+    .await;
+    let theirs = output.until("OUTCOME");
+    let broken_after = closed.elapsed();
+    println!(
+        "two processes: {mine:?} here, {theirs} there, {broken_after:?} after the cycle closed"
+    );
+    let deadlocks = usize::from(matches!(mine, Err(Error::Deadlock { .. })))
+        + usize::from(theirs.contains("OUTCOME deadlock"));
+    assert_eq!(deadlocks, 1, "exactly one side fails as a deadlock");
+    assert!(
+        mine.is_ok() || theirs.contains("OUTCOME completed"),
+        "the other completes: {mine:?}, {theirs}"
+    );
+    assert!(
+        broken_after <= bound + Duration::from_millis(500),
+        "took {broken_after:?}"
+    );
+}
+
+/// The ordered storm over two managers probing after 5 ms, every section holding its second
+/// key for 5 ms: probes run all the time between waits that form chains but no cycle, and
+/// none of them is ever called a deadlock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordered_waits_across_managers_are_never_called_deadlocks() {
+    let managers = vec![
+        probing(Duration::from_millis(5)).await,
+        probing(Duration::from_millis(5)).await,
+    ];
+    ordered_storm_holding(managers, Duration::from_millis(5)).await;
 }

@@ -38,6 +38,7 @@ use tracing::Instrument;
 
 pub(crate) use self::budget::Budget;
 use self::budget::Slot;
+pub(crate) use self::cycles::Waits;
 pub(crate) use self::direct::direct_acquisitions;
 pub(crate) use self::guard::CoreGuard;
 pub(crate) use self::liveness::Liveness;
@@ -209,7 +210,7 @@ pub(crate) struct Core<B: Backend> {
     budget: Arc<Budget>,
     defer_drops: bool,
     /// The waits of callers inside critical sections, to break lock-order cycles.
-    waits: cycles::Waits,
+    waits: Arc<Waits>,
 }
 
 impl<B: Backend> Core<B> {
@@ -226,7 +227,7 @@ impl<B: Backend> Core<B> {
             handoff: options.handoff,
             budget: options.budget,
             defer_drops: options.defer_drops,
-            waits: cycles::Waits::default(),
+            waits: options.waits,
         }
     }
 
@@ -336,21 +337,31 @@ impl<B: Backend> Core<B> {
     }
 
     async fn acquire_traced(self: &Arc<Self>, request: &Request<'_>) -> Result<LockGuard> {
-        let key = request.key;
         // A caller inside sections of this manager holds keys while it waits: registered, so a
-        // wait that would close a cycle fails at once.
+        // wait that would close a cycle fails at once, and one that closes a cycle through
+        // other managers fails once probes have found it (see `cycles.rs`).
         let held = crate::scope::held_by(&self.holder_id);
-        let _waiting = match held.is_empty() {
-            true => None,
-            false => Some(
-                self.waits
-                    .register(key, request.mode, held)
-                    .map_err(|cycle| Error::Deadlock {
-                        key: request.name(),
-                        cycle,
-                    })?,
-            ),
+        if held.is_empty() {
+            return self.acquire_waiting(request).await;
+        }
+        let deadlock = |cycle| Error::Deadlock {
+            key: request.name(),
+            cycle,
         };
+        let waiting = self
+            .waits
+            .register(request.key, request.mode, held)
+            .map_err(deadlock)?;
+        tokio::select! {
+            biased;
+            acquired = self.acquire_waiting(request) => acquired,
+            cycle = waiting.closed_a_cycle() => Err(deadlock(cycle)),
+        }
+    }
+
+    /// Waits for this manager's turn on the key, then for the lock.
+    async fn acquire_waiting(self: &Arc<Self>, request: &Request<'_>) -> Result<LockGuard> {
+        let key = request.key;
         if let Some(pause) = self.checkpoint(Stage::Turn, key) {
             pause.await;
         }

@@ -16,6 +16,9 @@ pub(crate) struct Options {
     pub(crate) budget: Arc<Budget>,
     /// Tests only: a dropped guard always takes the path used when the registry is busy.
     pub(crate) defer_drops: bool,
+    /// The waits of callers inside critical sections, shared with the backend that carries
+    /// their probes.
+    pub(crate) waits: Arc<super::Waits>,
 }
 
 /// When a holder releases while another task of the same manager waits for the key, the lock
@@ -71,6 +74,7 @@ impl CommonOptions {
             hook: hooks.stage,
             handoff,
             defer_drops: hooks.defer_guard_drops,
+            waits: Arc::default(),
         }
     }
 }

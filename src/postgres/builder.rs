@@ -16,7 +16,7 @@ use super::monitor::Monitor;
 use super::sessions::{LockSessions, SessionsConfig};
 use super::statements::{SessionSettings, Statements};
 use super::wait_session::IdleSessions;
-use crate::core::{Budget, CommonOptions, Core, HandoffLimits};
+use crate::core::{Budget, CommonOptions, Core, HandoffLimits, Waits};
 
 /// The default [`silence_timeout`](PostgresLockManagerBuilder::silence_timeout).
 const DEFAULT_SILENCE_TIMEOUT: Duration = Duration::from_secs(20);
@@ -41,6 +41,7 @@ pub struct PostgresLockManagerBuilder {
     lock_sessions: usize,
     max_connections: Option<usize>,
     wait_poll_interval: Duration,
+    deadlock_timeout: Option<Duration>,
     session_idle_timeout: Duration,
     allow_standby: bool,
 }
@@ -65,6 +66,7 @@ impl PostgresLockManagerBuilder {
             lock_sessions: 2,
             max_connections: None,
             wait_poll_interval: Duration::from_millis(250),
+            deadlock_timeout: None,
             session_idle_timeout: Duration::from_secs(10),
             allow_standby: false,
         }
@@ -144,6 +146,17 @@ impl PostgresLockManagerBuilder {
     /// `max_connections`. At least 1.
     pub fn max_connections(mut self, max: usize) -> Self {
         self.max_connections = Some(max.max(1));
+        self
+    }
+
+    /// How long a caller inside a critical section waits for another key before the manager
+    /// probes whether it is part of a lock-order cycle through other managers (in this
+    /// process or another); the youngest wait of a cycle then fails with
+    /// [`Error::Deadlock`](crate::Error::Deadlock), within about twice this. A cycle among the
+    /// manager's own callers fails at once, whatever this is. Default: the server's
+    /// `deadlock_timeout` (1 s unless changed). At least 1 ms.
+    pub fn deadlock_timeout(mut self, timeout: Duration) -> Self {
+        self.deadlock_timeout = Some(timeout.max(Duration::from_millis(1)));
         self
     }
 
@@ -375,10 +388,11 @@ impl PostgresLockManagerBuilder {
             split: ConnectionSplit::new(self.max_connections, self.lock_sessions, pool_size),
             tag: tag_for_listener,
             wait_poll_interval: self.wait_poll_interval,
+            deadlock_timeout: self.deadlock_timeout,
             allow_standby: self.allow_standby,
             idle_sessions: self.idle_sessions,
         }
-        .assemble(Arc::clone(&options.budget));
+        .assemble(Arc::clone(&options.budget), Arc::clone(&options.waits));
         PostgresLockManager {
             core: Arc::new(Core::new(backend, options)),
         }
@@ -397,6 +411,7 @@ struct Backend {
     split: ConnectionSplit,
     tag: Option<String>,
     wait_poll_interval: Duration,
+    deadlock_timeout: Option<Duration>,
     allow_standby: bool,
     idle_sessions: (usize, Duration),
 }
@@ -435,7 +450,7 @@ impl ConnectionSplit {
 
 impl Backend {
     /// The backend: its lost-lock monitor, its lock sessions and its kept wait sessions.
-    fn assemble(self, budget: Arc<Budget>) -> PgBackend {
+    fn assemble(self, budget: Arc<Budget>, waits: Arc<Waits>) -> PgBackend {
         let monitor = Monitor::new(self.detect_lost_locks);
         let fencing_ready = Arc::new(OnceCell::new());
         let context = Arc::new(SessionContext {
@@ -467,6 +482,8 @@ impl Backend {
                 tag: self.tag,
                 statement_timeout: self.release_timeout,
                 linger: self.session_idle_timeout,
+                waits,
+                deadlock_timeout: self.deadlock_timeout,
             },
         );
         PgBackend {
@@ -507,6 +524,7 @@ impl fmt::Debug for PostgresLockManagerBuilder {
             .field("lock_sessions", &self.lock_sessions)
             .field("max_connections", &self.max_connections)
             .field("wait_poll_interval", &self.wait_poll_interval)
+            .field("deadlock_timeout", &self.deadlock_timeout)
             .field("session_idle_timeout", &self.session_idle_timeout)
             .field("allow_standby", &self.allow_standby)
             .field("idle_sessions", &self.idle_sessions)

@@ -18,6 +18,11 @@
 //! within the manager's [`max_connections`](crate::PostgresLockManagerBuilder::max_connections),
 //! opened by the first such wait and closed once nobody has waited for the session idle
 //! timeout; closing it frees every flag with it, so nothing it held can outlive it.
+//!
+//! The listener also carries the probes that find lock-order cycles through other managers
+//! (see `core/cycles.rs`), on [`PROBE_CHANNEL`], while any caller of the manager waits inside
+//! a critical section: a wait that has lasted the server's `deadlock_timeout` sends one, and
+//! every probe heard is answered.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -29,7 +34,13 @@ use tokio::sync::Notify;
 use tokio::time::{Instant, MissedTickBehavior, interval, sleep_until, timeout};
 
 use super::statements::{UNLOCKED_CHANNEL, flag_args};
-use crate::core::FastHash;
+use crate::core::{FastHash, Waits};
+
+/// The channel of the probes that find lock-order cycles across managers.
+const PROBE_CHANNEL: &str = "pglock_probe";
+
+/// The server's `deadlock_timeout` until the listener has read it.
+const DEFAULT_DEADLOCK_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How long the listener waits before connecting again after a failure.
 const RECONNECT_AFTER: Duration = Duration::from_secs(1);
@@ -51,6 +62,10 @@ pub(crate) struct DoorbellConfig {
     pub(crate) statement_timeout: Duration,
     /// How long the listener stays open with nobody waiting.
     pub(crate) linger: Duration,
+    /// The manager's waits inside critical sections, whose probes the listener carries.
+    pub(crate) waits: Arc<Waits>,
+    /// How long such a wait lasts before it probes; `None`: the server's `deadlock_timeout`.
+    pub(crate) deadlock_timeout: Option<Duration>,
 }
 
 struct Inner {
@@ -61,6 +76,9 @@ struct Inner {
     tick: Notify,
     /// The task looks at the set of waited-for locks again.
     changed: Notify,
+    /// The server's `deadlock_timeout`, in milliseconds: how long a wait lasts before it
+    /// probes for a cycle.
+    deadlock_timeout_ms: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Default)]
@@ -80,15 +98,27 @@ struct Waiting {
 
 impl Doorbell {
     pub(crate) fn new(pool: PgPool, config: DoorbellConfig) -> Self {
-        Doorbell {
-            inner: Arc::new(Inner {
-                pool,
-                config,
-                state: Mutex::new(State::default()),
-                tick: Notify::new(),
-                changed: Notify::new(),
-            }),
-        }
+        let inner = Arc::new(Inner {
+            pool,
+            state: Mutex::new(State::default()),
+            tick: Notify::new(),
+            changed: Notify::new(),
+            deadlock_timeout_ms: (config
+                .deadlock_timeout
+                .unwrap_or(DEFAULT_DEADLOCK_TIMEOUT)
+                .as_millis() as u64)
+                .into(),
+            config,
+        });
+        // A wait inside a section starts the task, which carries its probes.
+        let weak = Arc::downgrade(&inner);
+        inner.config.waits.on_register(move || {
+            if let Some(inner) = weak.upgrade() {
+                inner.ensure_running();
+                inner.changed.notify_one();
+            }
+        });
+        Doorbell { inner }
     }
 
     /// Registers a waiter for `lock_id` until the returned ring is dropped, starting the task
@@ -101,13 +131,9 @@ impl Doorbell {
                 bell: Arc::new(Notify::new()),
             });
             waiting.waiters += 1;
-            let bell = Arc::clone(&waiting.bell);
-            if !state.running {
-                state.running = true;
-                drop(tokio::spawn(Arc::clone(&self.inner).run()));
-            }
-            bell
+            Arc::clone(&waiting.bell)
         };
+        self.inner.ensure_running();
         self.inner.changed.notify_one();
         Ring {
             inner: Arc::clone(&self.inner),
@@ -162,6 +188,22 @@ impl Inner {
         crate::sync::lock(&self.state)
     }
 
+    /// Starts the task unless it runs.
+    fn ensure_running(self: &Arc<Self>) {
+        let mut state = self.state();
+        if !state.running {
+            state.running = true;
+            drop(tokio::spawn(Arc::clone(self).run()));
+        }
+    }
+
+    fn deadlock_timeout(&self) -> Duration {
+        Duration::from_millis(
+            self.deadlock_timeout_ms
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
     /// The locks waited for right now.
     fn wanted(&self) -> HashSet<i64> {
         self.state().waiting.keys().copied().collect()
@@ -192,9 +234,14 @@ impl Inner {
                 () = self.changed.notified() => Event::Changed,
                 heard = link.next(&self) => heard,
             };
+            let mut probes = Vec::new();
             match event {
-                Event::Tick => self.tick.notify_waiters(),
+                Event::Tick => {
+                    self.tick.notify_waiters();
+                    probes = self.config.waits.due_probes(self.deadlock_timeout());
+                }
                 Event::Changed => {}
+                Event::Probe(message) => probes = self.config.waits.on_probe(&message),
                 Event::Connected => {
                     // Whatever was released while nobody listened is found by a try.
                     self.state().listening = true;
@@ -207,7 +254,7 @@ impl Inner {
                 }
             }
             if let Link::Up(up) = &mut link
-                && let Err(err) = up.sync(&self).await
+                && let Err(err) = up.sync(&self, &probes).await
             {
                 tracing::debug!(%err, "the waiters' listener failed; waiters poll meanwhile");
                 link.close(&self).await;
@@ -215,7 +262,7 @@ impl Inner {
             // Nobody waits: stop after the linger time.
             let stop = {
                 let mut state = self.state();
-                if state.waiting.is_empty() {
+                if state.waiting.is_empty() && !self.config.waits.any() {
                     let since = *idle_since.get_or_insert_with(Instant::now);
                     let stop = since.elapsed() >= self.config.linger;
                     if stop {
@@ -241,6 +288,7 @@ enum Event {
     Changed,
     Connected,
     Notified(i64),
+    Probe(String),
     Lost,
 }
 
@@ -250,7 +298,7 @@ enum Link {
         retry_at: Instant,
     },
     /// Connecting on a task of its own, so the task's other events never cut it short.
-    Connecting(tokio::task::JoinHandle<Result<Listening, sqlx::Error>>),
+    Connecting(tokio::task::JoinHandle<Result<(Listening, u64), sqlx::Error>>),
     Up(Box<Listening>),
 }
 
@@ -280,7 +328,14 @@ impl Link {
                 }
                 Link::Connecting(opening) => {
                     let opened = match opening.await {
-                        Ok(opened) => opened,
+                        Ok(Ok((up, deadlock_timeout))) => {
+                            if inner.config.deadlock_timeout.is_none() {
+                                let ms = &inner.deadlock_timeout_ms;
+                                ms.store(deadlock_timeout, std::sync::atomic::Ordering::Relaxed);
+                            }
+                            Ok(up)
+                        }
+                        Ok(Err(err)) => Err(err),
                         Err(join) => Err(sqlx::Error::Protocol(join.to_string())),
                     };
                     return match opened {
@@ -299,6 +354,9 @@ impl Link {
                 }
                 Link::Up(up) => {
                     return match up.listener.try_recv().await {
+                        Ok(Some(note)) if note.channel() == PROBE_CHANNEL => {
+                            Event::Probe(note.payload().to_owned())
+                        }
                         Ok(Some(note)) => match note.payload().parse() {
                             Ok(id) => Event::Notified(id),
                             Err(_) => Event::Changed,
@@ -333,7 +391,7 @@ impl Link {
             }
             Link::Connecting(opening) => {
                 opening.abort();
-                if let Ok(Ok(up)) = opening.await {
+                if let Ok(Ok((up, _))) = opening.await {
                     up.pool.close().await;
                 }
             }
@@ -343,7 +401,9 @@ impl Link {
 }
 
 impl Listening {
-    async fn connect(inner: Arc<Inner>) -> Result<Listening, sqlx::Error> {
+    /// A listener connected and listening, and the server's `deadlock_timeout` in
+    /// milliseconds.
+    async fn connect(inner: Arc<Inner>) -> Result<(Listening, u64), sqlx::Error> {
         let mut options = (*inner.pool.connect_options()).clone();
         if let Some(tag) = &inner.config.tag {
             options = options.application_name(tag);
@@ -360,15 +420,26 @@ impl Listening {
             // A broken connection is reported (`try_recv` answers `None`), not replaced behind
             // our back without the flags.
             listener.eager_reconnect(false);
-            listener.listen(UNLOCKED_CHANNEL).await?;
-            Ok::<_, sqlx::Error>(listener)
+            listener
+                .listen_all([UNLOCKED_CHANNEL, PROBE_CHANNEL])
+                .await?;
+            let deadlock_timeout: i64 = sqlx::query_scalar(
+                "SELECT (extract(epoch FROM current_setting('deadlock_timeout')::interval) \
+                 * 1000)::int8",
+            )
+            .fetch_one(&mut listener)
+            .await?;
+            Ok::<_, sqlx::Error>((listener, deadlock_timeout.max(1) as u64))
         };
         match timeout(inner.config.statement_timeout, opened).await {
-            Ok(Ok(listener)) => Ok(Listening {
-                pool,
-                listener,
-                raised: HashSet::new(),
-            }),
+            Ok(Ok((listener, deadlock_timeout))) => Ok((
+                Listening {
+                    pool,
+                    listener,
+                    raised: HashSet::new(),
+                },
+                deadlock_timeout,
+            )),
             Ok(Err(err)) => {
                 pool.close().await;
                 Err(err)
@@ -380,13 +451,22 @@ impl Listening {
         }
     }
 
-    /// Raises the flags of the locks now waited for and lowers the others; rings the bells
-    /// of those just raised, so their waiters try once more with the flag up.
-    async fn sync(&mut self, inner: &Inner) -> Result<(), sqlx::Error> {
+    /// Sends `probes`; raises the flags of the locks now waited for and lowers the others;
+    /// rings the bells of those just raised, so their waiters try once more with the flag up.
+    async fn sync(&mut self, inner: &Inner, probes: &[String]) -> Result<(), sqlx::Error> {
+        let bound = inner.config.statement_timeout;
+        if !probes.is_empty() {
+            let sql = format!(
+                "SELECT count(pg_notify('{PROBE_CHANNEL}', m)) FROM unnest($1::text[]) AS m"
+            );
+            let query = sqlx::query(AssertSqlSafe(sql)).bind(probes);
+            timeout(bound, query.execute(&mut self.listener))
+                .await
+                .map_err(|_| sqlx::Error::PoolTimedOut)??;
+        }
         let wanted = inner.wanted();
         let raise: Vec<i64> = wanted.difference(&self.raised).copied().collect();
         let lower: Vec<i64> = self.raised.difference(&wanted).copied().collect();
-        let bound = inner.config.statement_timeout;
         if !lower.is_empty() {
             let sql = format!(
                 "SELECT count(pg_advisory_unlock_shared({})) FROM unnest($1::int8[]) AS t(id)",
