@@ -7,7 +7,8 @@
 //! | `backend.rs` | the backend the shared engine drives: try on a lock session, else wait |
 //! | `sessions.rs` | a manager's set of lock sessions: open, pick, retire |
 //! | `lock_session.rs` (+ `link.rs`, `task.rs`, `batch.rs`) | one lock session: its connection, lent to callers while idle, and the task that owns it |
-//! | `wait.rs`, `wait_session.rs` | contended waits on sessions of their own, and reuse of those |
+//! | `wait.rs`, `wait_session.rs` | contended waits: in the server's queue on sessions of their own, or without one; reuse of those sessions |
+//! | `doorbell.rs` | what wakes a wait without a connection, and carries the probes for lock-order cycles |
 //! | `monitor.rs` | turning a session's end into the loss of exactly its locks |
 //! | `statements.rs`, `fencing.rs`, `errors.rs` | SQL, fencing tokens, error classification |
 
@@ -63,14 +64,20 @@ use crate::core::{Core, delegate_lock_manager};
 ///
 /// # Sessions, and sizing the pool
 ///
-/// | what | connections it takes from the pool |
-/// | --- | --- |
-/// | any number of held locks taken without waiting | at most [`lock_sessions`](PostgresLockManagerBuilder::lock_sessions) (default 2), opened on demand and returned after [`session_idle_timeout`](PostgresLockManagerBuilder::session_idle_timeout) without locks |
-/// | a key this process waits for on the server | one per key, for the wait and then for as long as the lock is held; the manager's other tasks that want the same key queue in-process behind it |
+/// The manager holds at most [`max_connections`](PostgresLockManagerBuilder::max_connections)
+/// connections at once (default 4, never more than the pool's size), whatever the number of
+/// locks it holds or the number of tasks that wait; the rest of the pool stays the
+/// application's.
 ///
-/// So a process needs at most `lock_sessions + (keys it waits for at once)` connections of its
-/// pool for locks, whatever the number of locks it holds, and no other connection: lost-lock
-/// detection rides on the sessions themselves.
+/// | what | connections |
+/// | --- | --- |
+/// | any number of locks taken without waiting | at most [`lock_sessions`](PostgresLockManagerBuilder::lock_sessions) (default 2), opened on demand and returned after [`session_idle_timeout`](PostgresLockManagerBuilder::session_idle_timeout) without locks |
+/// | a key waited for in the server's queue, then held | one *wait session* each, from what the cap leaves (default 1) |
+/// | any number of other waits | none of their own: one listener connection (outside the pool, within the cap) while some wait |
+///
+/// A lock granted in the server's queue stays on its wait session until released: PostgreSQL
+/// cannot move a lock to another session without a moment in which another process could take
+/// it. Lost-lock detection needs no connection: it rides on the sessions themselves.
 ///
 /// # The server's lock table, and the budget
 ///
@@ -93,11 +100,28 @@ use crate::core::{Core, delegate_lock_manager};
 ///   this manager. Under load, the tries (and the unlocks) queued on a lock session run as one
 ///   statement, one round trip for up to 256 of them, each caller getting its own answer;
 ///   fenced tries run one by one.
-/// * **`acquire(key, timeout)`** first tries the same way. If the key is held elsewhere it
-///   waits on the server, in PostgreSQL's FIFO lock queue, on a session of its own: one
-///   simple-query message sets `lock_timeout` for that statement only and calls
-///   `pg_advisory_lock`, so the server ends the wait at the deadline and the session stays
-///   clean. There is no client-side polling.
+/// * **`acquire(key, timeout)`** first tries the same way. If the key is held elsewhere and
+///   the cap has a wait session free, it waits in PostgreSQL's FIFO lock queue on that session:
+///   one simple-query message sets `lock_timeout` for that statement only and calls
+///   `pg_advisory_lock`, so the server ends the wait at the deadline, grants the lock the
+///   moment it is free, and the session stays clean. Otherwise it waits without a connection:
+///   it tries again on a lock session whenever a pglock release of that key notifies it
+///   (`LISTEN`/`NOTIFY`, sent only when somebody waits) and at every
+///   [`wait_poll_interval`](PostgresLockManagerBuilder::wait_poll_interval) (250 ms), which
+///   bounds noticing a holder that does not notify (a killed process, the Python original,
+///   `psql`); the tries of all such waits run together. It moves into the server's queue,
+///   oldest wait first, as soon as a wait session is free. Such a wait gives way to waiters
+///   already in the server's queue, and a try of another process can take the key in the
+///   moment between a release and its own try: only a wait in the server's queue is never
+///   overtaken.
+/// * **Lock-order cycles.** A caller inside critical sections (`with_lock`, `LockGuard::run`)
+///   that waits for a key a section of another waiting caller holds, round a cycle, fails with
+///   [`Error::Deadlock`](crate::Error::Deadlock): at once when the cycle is among this
+///   manager's own callers; within about the server's `deadlock_timeout` (or
+///   [`deadlock_timeout`](PostgresLockManagerBuilder::deadlock_timeout)) plus one poll interval
+///   when it goes through other managers, found by probes over the listener. Only the cycle's
+///   youngest wait fails; the others proceed. Guards kept in variables are not seen, and a
+///   manager with no listener (a cap under 3) finds only its own cycles.
 /// * **Deadlines.** `Some(t)` is the only bound: one deadline, `t` from the call, covering the
 ///   wait for this manager's own turn on the key, getting a lock session or a connection to
 ///   wait on (a checkout the pool's own `acquire_timeout` cuts short is started again while
@@ -155,9 +179,10 @@ use crate::core::{Core, delegate_lock_manager};
 /// either run to completion by the task that owns the session, whether or not its caller still
 /// waits, or (on an idle session, where the caller runs it itself) settled by that task before
 /// anything else runs on the session: a dropped try leaves no lock behind (a grant nobody
-/// received is released) and never disturbs the other locks on the session. A dropped wait closes its own session, and on
-/// PostgreSQL 14 and later the server abandons the wait within 200 ms. A dropped `release` or
-/// `release_all` still completes the release.
+/// received is released) and never disturbs the other locks on the session. A dropped wait in
+/// the server's queue closes its own session, and on PostgreSQL 14 and later the server
+/// abandons the wait within 200 ms; a dropped wait without a connection only stops being woken.
+/// A dropped `release` or `release_all` still completes the release.
 ///
 /// [`lock_id`]: crate::lock_id
 #[derive(Clone)]
