@@ -261,6 +261,105 @@ pub trait LockManagerExt: LockManager {
         locked(self, key.into(), LockMode::Shared, timeout, body)
     }
 
+    /// Takes the exclusive locks of every one of `keys` within one deadline, or none of them,
+    /// and hands back one [`LockSet`](crate::LockSet) that releases them all.
+    ///
+    /// The keys are taken in one order every caller of this method uses (by lock id), whatever
+    /// order they are named in, so two callers whose sets overlap never deadlock each other,
+    /// in one process or many. A key named twice is taken once. `Some(Duration::ZERO)` makes
+    /// one try of each key.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use pglock::{InMemoryLockManager, LockManagerExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
+    /// let locks = InMemoryLockManager::new();
+    /// // transfer(a, b) and transfer(b, a) take the same two locks in the same order.
+    /// let both = locks
+    ///     .acquire_all(["account:b", "account:a"], Some(Duration::from_secs(5)))
+    ///     .await?;
+    /// assert_eq!(both.len(), 2);
+    /// both.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The error of the first key that could not be taken ([`Error::Timeout`] naming it when
+    /// the deadline passed); the keys taken before it are released first.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the locks taken before the future was dropped are released, in the
+    /// background, as dropped guards are.
+    fn acquire_all<K: Into<LockKey>>(
+        &self,
+        keys: impl IntoIterator<Item = K>,
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<crate::LockSet>> + Send {
+        let keys = crate::lock_set::in_lock_order(keys.into_iter().map(Into::into));
+        crate::lock_set::acquire_all(self, keys, LockMode::Exclusive, timeout)
+    }
+
+    /// [`acquire_all`](Self::acquire_all) in shared mode: every key shared, all or nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_all`](Self::acquire_all).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_all`](Self::acquire_all).
+    fn acquire_all_shared<K: Into<LockKey>>(
+        &self,
+        keys: impl IntoIterator<Item = K>,
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<crate::LockSet>> + Send {
+        let keys = crate::lock_set::in_lock_order(keys.into_iter().map(Into::into));
+        crate::lock_set::acquire_all(self, keys, LockMode::Shared, timeout)
+    }
+
+    /// [`with_lock`](Self::with_lock) over several keys: takes them all as
+    /// [`acquire_all`](Self::acquire_all) does, runs `body` (given what each lock was granted
+    /// as) as the critical section of every one of them, then releases them all.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_all`](Self::acquire_all); [`Error::LockLost`] when a lock went before
+    /// `body` finished (`body` is then dropped).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future drops `body` and releases the locks in the background.
+    fn with_locks<K, F, Fut, T>(
+        &self,
+        keys: impl IntoIterator<Item = K>,
+        timeout: Option<Duration>,
+        body: F,
+    ) -> impl Future<Output = Result<T>> + Send
+    where
+        K: Into<LockKey>,
+        F: FnOnce(Vec<LockInfo>) -> Fut + Send,
+        Fut: Future<Output = T> + Send,
+        T: Send,
+    {
+        let keys = crate::lock_set::in_lock_order(keys.into_iter().map(Into::into));
+        async move {
+            let set =
+                crate::lock_set::acquire_all(self, keys, LockMode::Exclusive, timeout).await?;
+            let value = set.run(body(set.infos().cloned().collect())).await?;
+            match set.release().await {
+                Ok(()) => Ok(value),
+                Err(lost @ Error::LockLost { .. }) => Err(lost),
+                Err(err) => {
+                    tracing::warn!(error = %err, "release after with_locks unconfirmed");
+                    Ok(value)
+                }
+            }
+        }
+    }
+
     /// Runs `body` under the exclusive lock on `key` if the lock is free right now, and returns
     /// `Ok(None)` without running it when anyone holds the lock: "try, else skip", the usual
     /// shape of a job that one replica of many should run.
@@ -332,7 +431,7 @@ fn refuse_nested<M: LockManager + ?Sized>(manager: &M, key: &LockKey) -> Result<
     Ok(())
 }
 
-async fn acquire<M: LockManager + ?Sized>(
+pub(crate) async fn acquire<M: LockManager + ?Sized>(
     manager: &M,
     key: LockKey,
     mode: LockMode,

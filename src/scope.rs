@@ -79,15 +79,26 @@ pub(crate) fn inside<F: Future>(
     mode: LockMode,
     body: F,
 ) -> impl Future<Output = F::Output> {
+    inside_all(holder, [(key, mode)], body)
+}
+
+/// Runs `body` as the critical section of `holder` on every one of `keys` at once.
+pub(crate) fn inside_all<F: Future>(
+    holder: Arc<str>,
+    keys: impl IntoIterator<Item = (LockKey, LockMode)>,
+    body: F,
+) -> impl Future<Output = F::Output> {
     ANY_SECTION.store(true, Ordering::Relaxed);
-    let outer = SECTION.try_with(Clone::clone).ok().flatten();
-    let frame = Arc::new(Frame {
-        holder,
-        key,
-        mode,
-        outer,
-    });
-    SECTION.scope(Some(frame), body)
+    let mut frame = SECTION.try_with(Clone::clone).ok().flatten();
+    for (key, mode) in keys {
+        frame = Some(Arc::new(Frame {
+            holder: Arc::clone(&holder),
+            key,
+            mode,
+            outer: frame,
+        }));
+    }
+    SECTION.scope(frame, body)
 }
 
 #[cfg(test)]

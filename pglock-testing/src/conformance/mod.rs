@@ -15,10 +15,10 @@
 //!
 //! The first nine cases (`python.rs`) are those of the Python original's conformance suite;
 //! the rest pin the properties pglock adds, one file per theme (`guards.rs`, `turns.rs`,
-//! `kinds.rs`, `listing.rs`, `semaphores.rs`): guards that release only their own acquisition
+//! `kinds.rs`, `listing.rs`, `semaphores.rs`, `sets.rs`): guards that release only their own acquisition
 //! and are told when their lock is taken away, cancellation, deadlines, callers of one manager
 //! taking turns (sibling futures of one task included), nested critical sections refused at
-//! once, the listing of held locks with their ages, and
+//! once, the listing of held locks with their ages, several keys taken at once, and
 //! [`Semaphore`](pglock::semaphore::Semaphore)s built on the manager.
 
 use std::future::Future;
@@ -33,6 +33,7 @@ mod kinds;
 mod listing;
 mod python;
 mod semaphores;
+mod sets;
 mod turns;
 
 pub use guards::*;
@@ -40,6 +41,7 @@ pub use kinds::*;
 pub use listing::*;
 pub use python::*;
 pub use semaphores::*;
+pub use sets::*;
 pub use turns::*;
 
 /// A boxed case future.
@@ -119,6 +121,11 @@ macro_rules! __conformance_case_names {
             a_semaphore_acquire_gives_up_at_its_deadline,
             a_cancelled_semaphore_acquire_leaks_nothing,
             a_permit_is_told_when_its_slot_is_taken_away,
+            several_keys_are_taken_all_or_nothing,
+            overlapping_sets_in_opposite_orders_do_not_deadlock,
+            a_cancelled_set_acquisition_leaks_nothing,
+            a_set_is_told_when_any_of_its_locks_goes,
+            with_locks_runs_under_every_key,
         );
     };
 }
