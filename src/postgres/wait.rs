@@ -37,6 +37,13 @@ impl PgBackend {
         let mut slot = self.free_wait_slot();
         let ring = slot.is_none().then(|| self.doorbell.ring(req.lock_id));
         loop {
+            // A wait session kept free by another waiter that just finished counts too.
+            let kept = self.idle.kept.notified();
+            tokio::pin!(kept);
+            kept.as_mut().enable();
+            if slot.is_none() && ring.is_some() {
+                slot = self.idle.take().map(WaitSlot::Kept);
+            }
             if let Some(slot) = slot.take() {
                 drop(ring);
                 let (session, token) = self.wait(req, slot).await?;
@@ -61,6 +68,7 @@ impl PgBackend {
                 permit = Arc::clone(&self.wait_slots).acquire_owned() => {
                     slot = permit.ok().map(WaitSlot::Permit);
                 }
+                () = &mut kept => {}
                 () = deadline => return Err(req.timed_out()),
             }
         }

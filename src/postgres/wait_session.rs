@@ -18,6 +18,8 @@ use super::statements::SessionSettings;
 /// not make the pool open new connections while the check is still in flight.
 pub(crate) struct IdleSessions {
     idle: Mutex<Vec<Idle>>,
+    /// Notified whenever a session is kept: a waiter without one may take it.
+    pub(crate) kept: tokio::sync::Notify,
     max: usize,
     ttl: Duration,
     reaper_running: AtomicBool,
@@ -38,6 +40,7 @@ impl IdleSessions {
     pub(crate) fn new(max: usize, ttl: Duration) -> Arc<Self> {
         Arc::new(IdleSessions {
             idle: Mutex::new(Vec::new()),
+            kept: tokio::sync::Notify::new(),
             max,
             ttl,
             reaper_running: AtomicBool::new(false),
@@ -89,6 +92,7 @@ impl IdleSessions {
             }
             kept.push(idle);
         }
+        self.kept.notify_waiters();
         if !self.reaper_running.swap(true, Ordering::SeqCst) {
             match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => drop(runtime.spawn(reap(Arc::downgrade(self)))),
