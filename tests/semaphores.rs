@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::turnover::{Grants, Turnover};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -35,7 +36,7 @@ fn semaphore(locks: PostgresLockManager, name: &str, permits: usize) -> Semaphor
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newcomer_is_not_starved_while_permits_turn_over() {
     let name = common::key("semaphore-fair");
-    let turnover = Turnover::start(&name).await;
+    let turnover = turnover(&name).await;
     let app = common::app_name("semaphore-fair-new");
     let newcomer = common::manager_for(common::pool_named(2, &app).await, &app).build();
     warm_up(&newcomer).await;
@@ -77,59 +78,24 @@ async fn a_newcomer_is_not_starved_while_permits_turn_over() {
 
 /// Six callers on three managers taking and giving back the two permits of semaphore `name`
 /// as fast as they can, counting the permits they get.
-struct Turnover {
-    grants: Arc<AtomicUsize>,
-    stop: CancellationToken,
-    callers: tokio::task::JoinSet<()>,
-}
-
-impl Turnover {
-    /// Starts the callers, and returns once permits are turning over.
-    async fn start(name: &str) -> Turnover {
-        let grants = Arc::new(AtomicUsize::new(0));
-        let (warm_tx, mut warm) = watch::channel(0usize);
-        let warm_tx = Arc::new(warm_tx);
-        let stop = CancellationToken::new();
-        let mut callers = tokio::task::JoinSet::new();
-        for _ in 0..3 {
-            let semaphore = semaphore(manager("semaphore-fair", 4).await, name, 2);
-            for _ in 0..2 {
-                let (semaphore, grants, warm_tx, stop) = (
-                    semaphore.clone(),
-                    Arc::clone(&grants),
-                    Arc::clone(&warm_tx),
-                    stop.clone(),
-                );
-                callers.spawn(async move {
-                    while !stop.is_cancelled() {
-                        let permit = semaphore.acquire(Some(BOUND)).await.expect("a permit");
-                        warm_tx.send_replace(grants.fetch_add(1, Ordering::SeqCst) + 1);
-                        tokio::task::yield_now().await;
-                        permit.release().await.expect("release");
-                    }
-                });
-            }
-        }
-        warm.wait_for(|granted| *granted >= 30)
-            .await
-            .expect("callers run");
-        Turnover {
-            grants,
-            stop,
-            callers,
+async fn turnover(name: &str) -> Turnover {
+    let mut rounds = Vec::new();
+    for _ in 0..3 {
+        let semaphore = semaphore(manager("semaphore-fair", 4).await, name, 2);
+        for _ in 0..2 {
+            let semaphore = semaphore.clone();
+            rounds.push(move |grants: Grants| {
+                let semaphore = semaphore.clone();
+                async move {
+                    let permit = semaphore.acquire(Some(BOUND)).await.expect("a permit");
+                    grants.granted();
+                    tokio::task::yield_now().await;
+                    permit.release().await.expect("release");
+                }
+            });
         }
     }
-
-    fn grants(&self) -> usize {
-        self.grants.load(Ordering::SeqCst)
-    }
-
-    async fn stop(mut self) {
-        self.stop.cancel();
-        while let Some(caller) = self.callers.join_next().await {
-            caller.expect("a caller");
-        }
-    }
+    Turnover::start(rounds).await
 }
 
 /// Permits go in arrival order: four callers on managers of their own (as four processes)

@@ -4,13 +4,10 @@
 
 mod common;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use common::turnover::{Grants, Turnover};
 use std::time::Duration;
 
 use pglock::{PostgresLockManager, lock_id};
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 
 const BOUND: Duration = Duration::from_secs(60);
 
@@ -21,60 +18,25 @@ const QUEUED_BOUND: usize = 3 * 17 + 2;
 
 /// Six callers on three managers (sqlx pools of 4: one wait session each) taking and giving
 /// back `key` as fast as they can, counting their grants.
-struct Turnover {
-    grants: Arc<AtomicUsize>,
-    stop: CancellationToken,
-    callers: tokio::task::JoinSet<()>,
-}
-
-impl Turnover {
-    async fn start(key: &str) -> Turnover {
-        let grants = Arc::new(AtomicUsize::new(0));
-        let (warm_tx, mut warm) = watch::channel(0usize);
-        let warm_tx = Arc::new(warm_tx);
-        let stop = CancellationToken::new();
-        let mut callers = tokio::task::JoinSet::new();
-        for _ in 0..3 {
-            let app = common::app_name("fair-turnover");
-            let locks = common::manager_for(common::pool_named(4, &app).await, &app).build();
-            for _ in 0..2 {
-                let (locks, grants, warm_tx, stop, key) = (
-                    locks.clone(),
-                    Arc::clone(&grants),
-                    Arc::clone(&warm_tx),
-                    stop.clone(),
-                    key.to_owned(),
-                );
-                callers.spawn(async move {
-                    while !stop.is_cancelled() {
-                        let guard = locks.acquire(&key, Some(BOUND)).await.expect("acquire");
-                        warm_tx.send_replace(grants.fetch_add(1, Ordering::SeqCst) + 1);
-                        tokio::task::yield_now().await;
-                        guard.release().await.expect("release");
-                    }
-                });
-            }
-        }
-        warm.wait_for(|granted| *granted >= 30)
-            .await
-            .expect("callers run");
-        Turnover {
-            grants,
-            stop,
-            callers,
+async fn turnover(key: &str) -> Turnover {
+    let mut rounds = Vec::new();
+    for _ in 0..3 {
+        let app = common::app_name("fair-turnover");
+        let locks = common::manager_for(common::pool_named(4, &app).await, &app).build();
+        for _ in 0..2 {
+            let (locks, key) = (locks.clone(), key.to_owned());
+            rounds.push(move |grants: Grants| {
+                let (locks, key) = (locks.clone(), key.clone());
+                async move {
+                    let guard = locks.acquire(&key, Some(BOUND)).await.expect("acquire");
+                    grants.granted();
+                    tokio::task::yield_now().await;
+                    guard.release().await.expect("release");
+                }
+            });
         }
     }
-
-    fn grants(&self) -> usize {
-        self.grants.load(Ordering::SeqCst)
-    }
-
-    async fn stop(mut self) {
-        self.stop.cancel();
-        while let Some(caller) = self.callers.join_next().await {
-            caller.expect("a caller");
-        }
-    }
+    Turnover::start(rounds).await
 }
 
 /// Whether a backend of `app` waits in the server's queue for `id`.
@@ -113,7 +75,7 @@ async fn flagged(observer: &sqlx::PgPool, app: &str) -> bool {
 async fn a_wait_without_a_session_joins_the_queue_once_one_is_free() {
     let observer = common::observer().await;
     let hot = common::key("fair-hot");
-    let turnover = Turnover::start(&hot).await;
+    let turnover = turnover(&hot).await;
     // The newcomer: a pool of 3, so its cap of 3 leaves it one lock session, one wait
     // session and its listener.
     let app = common::app_name("fair-newcomer");

@@ -14,6 +14,7 @@ pub mod pgbouncer;
 pub mod proxy;
 pub mod roles;
 pub mod stages;
+pub mod turnover;
 mod views;
 mod wait;
 
