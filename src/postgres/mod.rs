@@ -77,7 +77,10 @@ use crate::core::{Core, delegate_lock_manager};
 ///
 /// A lock granted in the server's queue stays on its wait session until released: PostgreSQL
 /// cannot move a lock to another session without a moment in which another process could take
-/// it. Lost-lock detection needs no connection: it rides on the sessions themselves.
+/// it. Lost-lock detection needs no connection: it rides on the sessions themselves. The
+/// listener holds one entry of the server's lock table per key waited for without a
+/// connection (a shared lock in the two-integer advisory space that tells releases to notify),
+/// outside the [`lock_budget`](PostgresLockManagerBuilder::lock_budget) of held locks.
 ///
 /// # The server's lock table, and the budget
 ///
