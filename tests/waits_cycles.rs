@@ -164,11 +164,19 @@ async fn ordered_storm_on(managers: Vec<Manager>) {
 }
 
 async fn ordered_storm_holding(managers: Vec<Manager>, hold: Duration) {
+    let timeouts = ordered_storm_racing(managers, hold, Duration::from_secs(60)).await;
+    assert_eq!(timeouts, 0, "no deadline is near");
+}
+
+/// The ordered storm with `deadline` on the inner waits: returns how many timed out. Every
+/// other outcome but success fails the storm.
+async fn ordered_storm_racing(managers: Vec<Manager>, hold: Duration, deadline: Duration) -> usize {
     let keys: Vec<String> = (0..8).map(|i| common::key(&format!("storm-{i}"))).collect();
-    let done = AtomicUsize::new(0);
+    let (done, timeouts) = (AtomicUsize::new(0), AtomicUsize::new(0));
     futures::stream::iter(0..200usize)
         .for_each_concurrent(24, |n| {
-            let (locks, keys, done) = (Arc::clone(&managers[n % managers.len()]), &keys, &done);
+            let (locks, keys) = (Arc::clone(&managers[n % managers.len()]), &keys);
+            let (done, timeouts) = (&done, &timeouts);
             async move {
                 let first = n % 7;
                 let second = first + 1 + (n / 7) % (7 - first);
@@ -179,21 +187,26 @@ async fn ordered_storm_holding(managers: Vec<Manager>, hold: Duration) {
                         async move {
                             tokio::task::yield_now().await;
                             inner
-                                .with_lock(second.as_str(), Some(Duration::from_secs(60)), |_| {
+                                .with_lock(second.as_str(), Some(deadline), |_| {
                                     tokio::time::sleep(hold)
                                 })
                                 .await
                         }
                     })
                     .await;
-                outcome
-                    .and_then(|inner| inner)
-                    .unwrap_or_else(|err| panic!("section {n} failed: {err:?}"));
+                match outcome.and_then(|inner| inner) {
+                    Ok(()) => {}
+                    Err(err) if err.is_timeout() => {
+                        timeouts.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(err) => panic!("section {n} failed: {err:?}"),
+                }
                 done.fetch_add(1, Ordering::SeqCst);
             }
         })
         .await;
     assert_eq!(done.load(Ordering::SeqCst), 200);
+    timeouts.load(Ordering::SeqCst)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -360,4 +373,22 @@ async fn ordered_waits_across_managers_are_never_called_deadlocks() {
         probing(Duration::from_millis(5)).await,
     ];
     ordered_storm_holding(managers, Duration::from_millis(5)).await;
+}
+
+/// The same storm with inner deadlines as short as the holds, so waits time out while probes
+/// about them are on their way: timeouts, and never a deadlock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_timing_out_while_probed_are_never_called_deadlocks() {
+    let managers = vec![
+        probing(Duration::from_millis(2)).await,
+        probing(Duration::from_millis(2)).await,
+    ];
+    let timeouts = ordered_storm_racing(
+        managers,
+        Duration::from_millis(10),
+        Duration::from_millis(8),
+    )
+    .await;
+    println!("{timeouts} of 200 inner waits timed out");
+    assert!(timeouts > 0, "the deadlines race the holds");
 }
