@@ -9,10 +9,11 @@
 //! | item | what it is |
 //! | --- | --- |
 //! | [`LockManager`] | The port: the contract every lock manager fulfils, for implementors; services hold an `Arc<dyn LockManager>`. |
-//! | [`LockManagerExt`] | The caller's API on every manager, for any kind of key: [`with_lock`](LockManagerExt::with_lock) and [`try_with_lock`](LockManagerExt::try_with_lock) (a closure under the lock), [`acquire`](LockManagerExt::acquire) and [`try_acquire`](LockManagerExt::try_acquire) (a guard), [`release`](LockManagerExt::release), [`is_held`](LockManagerExt::is_held), and the shared-mode variants. |
+//! | [`LockManagerExt`] | The caller's API on every manager, for any kind of key: [`with_lock`](LockManagerExt::with_lock) and [`try_with_lock`](LockManagerExt::try_with_lock) (a closure under the lock), [`acquire`](LockManagerExt::acquire) and [`try_acquire`](LockManagerExt::try_acquire) (a guard), [`release`](LockManagerExt::release), [`is_held`](LockManagerExt::is_held), several keys at once ([`with_locks`](LockManagerExt::with_locks), [`acquire_all`](LockManagerExt::acquire_all)), and the shared-mode variants. |
 //! | [`PostgresLockManager`] | Session advisory locks on a few long-lived connections of your [`sqlx::PgPool`], each carrying any number of locks, within a budget. |
 //! | [`InMemoryLockManager`] | The same contract inside one process, for your unit tests. |
 //! | [`LockGuard`] | Proof that a lock is held, handed back by every acquisition: [`run`](LockGuard::run) a critical section under it, [`release`](LockGuard::release) it, drop it, or [`leak`](LockGuard::leak) it into the manager; its [`loss_signal`](LockGuard::loss_signal) says when the lock goes. |
+//! | [`LockSet`] | The locks of several keys taken together, all or nothing, in one order every caller uses: released together, told when any goes. |
 //! | [`LockKey`], [`lock_id`] | Keys: names (the frozen derivation, bit for bit the Python original's), raw ids, id pairs, sqlx's names. |
 //! | [`LockInfo`], [`LockMode`] | What was acquired: key, lock id, time, holder id, fencing token, mode. |
 //! | [`HeldLock`] | A lock a manager holds right now, with how long it has held it: what [`held_locks`](LockManager::held_locks) lists. |
