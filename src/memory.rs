@@ -7,7 +7,8 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::timeout_at;
 
 use crate::core::{
-    Backend, CommonOptions, Core, CoreGuard, HandoffLimits, Request, Slots, delegate_lock_manager,
+    Backend, CommonOptions, Core, CoreGuard, HandoffLimits, Request, Slots, Waits,
+    delegate_lock_manager,
 };
 use crate::guard::Exit;
 use crate::{LockKey, LockMode, LockTarget, LossCause, Result};
@@ -25,8 +26,9 @@ use crate::{LockKey, LockMode, LockTarget, LossCause, Result};
 /// `M: LockManager`, so tests run without PostgreSQL.
 ///
 /// Each manager is one holder. Managers built on one [`InMemoryLockServer`] contend with each
-/// other the way separate processes contend on one database, which lets a unit test play
-/// several replicas:
+/// other the way separate processes contend on one database (a lock-order cycle between them
+/// fails one of its waits with [`Error::Deadlock`](crate::Error::Deadlock) within about a
+/// second, as PostgreSQL managers' do), which lets a unit test play several replicas:
 ///
 /// ```
 /// use pglock::{InMemoryLockManager, InMemoryLockServer, LockManagerExt};
@@ -191,6 +193,7 @@ impl InMemoryLockManagerBuilder {
             server: self.server.unwrap_or_default(),
         };
         let options = self.common.into_options(Some(HandoffLimits::DEFAULT));
+        backend.server.probes.join(&options.waits);
         InMemoryLockManager {
             core: Arc::new(Core::new(backend, options)),
         }
@@ -214,6 +217,8 @@ pub struct InMemoryLockServer {
     locks: Arc<Mutex<Slots<LockTarget, tokio::sync::Semaphore>>>,
     /// The last fencing token minted per lock id; never reset, so tokens only grow.
     fences: Arc<Mutex<std::collections::HashMap<i64, i64>>>,
+    /// Carries the probes that find lock-order cycles between its managers.
+    probes: Arc<ProbeHub>,
 }
 
 impl InMemoryLockServer {
@@ -224,6 +229,7 @@ impl InMemoryLockServer {
                 tokio::sync::Semaphore::new(SHARERS as usize)
             }))),
             fences: Arc::default(),
+            probes: Arc::default(),
         }
     }
 
@@ -248,6 +254,82 @@ impl Default for InMemoryLockServer {
 impl fmt::Debug for InMemoryLockServer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InMemoryLockServer").finish_non_exhaustive()
+    }
+}
+
+/// How long a caller of an in-memory manager waits inside a critical section before its
+/// manager probes for a cycle through the server's other managers: PostgreSQL's default
+/// `deadlock_timeout`.
+const DEADLOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How often the hub looks for probes to send.
+const PROBE_TICK: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// What carries probes between the managers of one server, as `LISTEN`/`NOTIFY` does between
+/// PostgreSQL managers (see `core/cycles.rs`): a task that runs while any of them waits inside
+/// a critical section.
+#[derive(Default)]
+struct ProbeHub {
+    managers: Mutex<Vec<std::sync::Weak<Waits>>>,
+    running: Mutex<bool>,
+}
+
+impl ProbeHub {
+    /// Carries the probes of `waits` from now on.
+    fn join(self: &Arc<Self>, waits: &Arc<Waits>) {
+        crate::sync::lock(&self.managers).push(Arc::downgrade(waits));
+        let hub = Arc::downgrade(self);
+        waits.on_register(move || {
+            if let Some(hub) = hub.upgrade() {
+                hub.ensure_running();
+            }
+        });
+    }
+
+    fn ensure_running(self: &Arc<Self>) {
+        let mut running = crate::sync::lock(&self.running);
+        if !*running && let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            *running = true;
+            drop(runtime.spawn(Arc::clone(self).run()));
+        }
+    }
+
+    /// Every tick, sends the probes due and delivers every probe to every manager, until
+    /// nobody waits inside a section.
+    async fn run(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(PROBE_TICK).await;
+            let waits: Vec<Arc<Waits>> = {
+                let mut managers = crate::sync::lock(&self.managers);
+                managers.retain(|m| m.strong_count() > 0);
+                managers
+                    .iter()
+                    .filter_map(std::sync::Weak::upgrade)
+                    .collect()
+            };
+            {
+                let mut running = crate::sync::lock(&self.running);
+                if !waits.iter().any(|w| w.any()) {
+                    *running = false;
+                    return;
+                }
+            }
+            let mut probes: Vec<String> = waits
+                .iter()
+                .flat_map(|w| w.due_probes(DEADLOCK_TIMEOUT))
+                .collect();
+            // A probe goes round a cycle in as many hops as the cycle has waits: bounded.
+            let mut budget = 10_000usize;
+            while let Some(probe) = probes.pop() {
+                budget = budget.saturating_sub(1);
+                if budget == 0 {
+                    break;
+                }
+                for w in &waits {
+                    probes.extend(w.on_probe(&probe));
+                }
+            }
+        }
     }
 }
 

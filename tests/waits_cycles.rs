@@ -392,3 +392,37 @@ async fn waits_timing_out_while_probed_are_never_called_deadlocks() {
     println!("{timeouts} of 200 inner waits timed out");
     assert!(timeouts > 0, "the deadlines race the holds");
 }
+
+/// Two in-memory managers on one server, each inside a section on one key, ask for the other's
+/// key with no deadline: one fails within twice PostgreSQL's default `deadlock_timeout`, as
+/// between replicas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cycle_between_two_in_memory_managers_fails_one_within_two_seconds() {
+    let server = pglock::InMemoryLockServer::new();
+    let on_server =
+        || -> Manager { Arc::new(InMemoryLockManager::builder().server(&server).build()) };
+    let (a, b) = (common::key("cycle-a"), common::key("cycle-b"));
+    let both_hold = Arc::new(Barrier::new(3));
+    let one = tokio::spawn(transfer(
+        on_server(),
+        a.clone(),
+        b.clone(),
+        Arc::clone(&both_hold),
+    ));
+    let other = tokio::spawn(transfer(
+        on_server(),
+        b.clone(),
+        a.clone(),
+        Arc::clone(&both_hold),
+    ));
+    both_hold.wait().await;
+    let closed = Instant::now();
+    let (one, other) =
+        common::within("the cycle is broken", async { tokio::join!(one, other) }).await;
+    let broken_after = closed.elapsed();
+    one_victim([one.expect("task"), other.expect("task")], &a, &b);
+    assert!(
+        broken_after <= Duration::from_secs(2),
+        "took {broken_after:?}"
+    );
+}
