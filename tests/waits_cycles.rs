@@ -426,3 +426,32 @@ async fn a_cycle_between_two_in_memory_managers_fails_one_within_two_seconds() {
         "took {broken_after:?}"
     );
 }
+
+/// Sections that only nest locks nobody else holds cost no listener: the manager's only
+/// connection is its lock session.
+#[tokio::test]
+async fn uncontended_nested_sections_open_no_listener() {
+    let app = common::app_name("cycles-quiet");
+    let locks = common::manager_for(common::pool_named(4, &app).await, &app).build();
+    let (a, b) = (common::key("quiet-a"), common::key("quiet-b"));
+    let observer = common::observer().await;
+    let inner = locks.clone();
+    let connections = locks
+        .with_lock(a.as_str(), None, |_| async {
+            inner
+                .with_lock(b.as_str(), None, |_| async {
+                    sqlx::query_scalar::<_, i64>(
+                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                    )
+                    .bind(format!("pglock:{app}"))
+                    .fetch_one(&observer)
+                    .await
+                    .expect("pg_stat_activity")
+                })
+                .await
+        })
+        .await
+        .expect("outer")
+        .expect("inner");
+    assert_eq!(connections, 1, "the lock session only");
+}

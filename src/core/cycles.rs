@@ -134,7 +134,8 @@ impl Waits {
         })
     }
 
-    /// Has `kick` called whenever a wait registers (once; later calls are ignored).
+    /// Has `kick` called whenever a wait registers (once; later calls are ignored): how a
+    /// backend that carries probes cheaply (the in-memory server) starts carrying them.
     pub(crate) fn on_register(&self, kick: impl Fn() + Send + Sync + 'static) {
         let _ = self.kick.set(Box::new(kick));
     }

@@ -20,8 +20,9 @@
 //! timeout; closing it frees every flag with it, so nothing it held can outlive it.
 //!
 //! The listener also carries the probes that find lock-order cycles through other managers
-//! (see `core/cycles.rs`), on [`PROBE_CHANNEL`], while any caller of the manager waits inside
-//! a critical section: a wait that has lasted the server's `deadlock_timeout` sends one, and
+//! (see `core/cycles.rs`), on [`PROBE_CHANNEL`], from the moment a caller of the manager that
+//! waits inside a critical section has to wait for a lock held elsewhere, for as long as any
+//! such caller waits: a wait that has lasted the server's `deadlock_timeout` sends one, and
 //! every probe heard is answered.
 
 use std::collections::{HashMap, HashSet};
@@ -110,15 +111,17 @@ impl Doorbell {
                 .into(),
             config,
         });
-        // A wait inside a section starts the task, which carries its probes.
-        let weak = Arc::downgrade(&inner);
-        inner.config.waits.on_register(move || {
-            if let Some(inner) = weak.upgrade() {
-                inner.ensure_running();
-                inner.changed.notify_one();
-            }
-        });
         Doorbell { inner }
+    }
+
+    /// Starts the task, which carries the probes of waits inside critical sections, if there
+    /// are such waits: called as a wait for a lock held elsewhere begins, so a manager whose
+    /// sections only ever nest uncontended locks opens no listener for them.
+    pub(crate) fn carry_probes(&self) {
+        if self.inner.config.waits.any() {
+            self.inner.ensure_running();
+            self.inner.changed.notify_one();
+        }
     }
 
     /// Registers a waiter for `lock_id` until the returned ring is dropped, starting the task

@@ -34,6 +34,8 @@ impl PgBackend {
     /// Cancel safe: a wait in the server's queue closes its session when dropped; a wait
     /// without a connection unregisters from the doorbell, and its tries are cancel safe.
     pub(crate) async fn contend(&self, req: &Request<'_>) -> Result<(Lease, Option<i64>)> {
+        // A wait inside a critical section may close a cycle through other managers.
+        self.doorbell.carry_probes();
         let mut slot = self.free_wait_slot();
         let ring = slot.is_none().then(|| self.doorbell.ring(req.lock_id));
         loop {
