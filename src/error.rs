@@ -149,8 +149,10 @@ pub enum Error {
     /// With no deadline of the caller's, every connection of the pool stayed checked out for
     /// the pool's `acquire_timeout`, which bounds getting a connection then.
     ///
-    /// A manager needs a few connections of its pool: its lock sessions, and one per key it
-    /// waits for on the server (see the manager's documentation on pool sizing).
+    /// A manager needs a few connections of its pool, at most its
+    /// [`max_connections`](crate::PostgresLockManagerBuilder::max_connections): its lock
+    /// sessions, and its waits in the server's queue (see the manager's documentation on pool
+    /// sizing).
     #[error(
         "Failed to acquire lock '{key}': connection pool exhausted \
          (all {max_connections} connections in use, waited {waited:?})"

@@ -349,14 +349,7 @@ pub trait LockManagerExt: LockManager {
             let set =
                 crate::lock_set::acquire_all(self, keys, LockMode::Exclusive, timeout).await?;
             let value = set.run(body(set.infos().cloned().collect())).await?;
-            match set.release().await {
-                Ok(()) => Ok(value),
-                Err(lost @ Error::LockLost { .. }) => Err(lost),
-                Err(err) => {
-                    tracing::warn!(error = %err, "release after with_locks unconfirmed");
-                    Ok(value)
-                }
-            }
+            after_section(value, set.release().await)
         }
     }
 
@@ -506,11 +499,18 @@ where
     T: Send,
 {
     let value = guard.run(body(guard.info().clone())).await?;
-    match guard.release().await {
+    after_section(value, guard.release().await)
+}
+
+/// A section's value once its locks are released: a lock lost before the release is the
+/// caller's error; a release the server did not confirm is only logged (the session holding
+/// the lock was closed, which frees it).
+fn after_section<T>(value: T, released: Result<()>) -> Result<T> {
+    match released {
         Ok(()) => Ok(value),
         Err(lost @ Error::LockLost { .. }) => Err(lost),
         Err(err) => {
-            tracing::warn!(error = %err, "release after with_lock unconfirmed");
+            tracing::warn!(error = %err, "release after a critical section unconfirmed");
             Ok(value)
         }
     }

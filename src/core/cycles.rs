@@ -44,24 +44,11 @@ pub(crate) struct Waits {
 impl Default for Waits {
     fn default() -> Self {
         Waits {
-            manager: rand_u64(),
+            manager: uuid::Uuid::new_v4().as_u64_pair().0,
             table: Mutex::default(),
             kick: std::sync::OnceLock::new(),
         }
     }
-}
-
-/// A random number, from the standard library's randomly seeded hasher.
-fn rand_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos(),
-    );
-    hasher.finish()
 }
 
 #[derive(Default)]
