@@ -31,7 +31,7 @@ impl ProjectionRebuilder {
     async fn rebuild_if_free(&self, projection: &str) -> pglock::Result<bool> {
         let key = format!("rebuild:{projection}");
         // The guard releases the lock when dropped; releasing it explicitly confirms it.
-        let Some(guard) = self.locks.try_acquire(&key).await? else {
+        let pglock::Attempt::Acquired(guard) = self.locks.try_acquire(&key).await? else {
             return Ok(false);
         };
         println!("  rebuilding {projection} as {}", guard.info().holder_id);

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::manager::{AcquireOptions, Wait};
-use crate::{Error, LockGuard, LockInfo, LockKey, LockManager, LockMode, Result};
+use crate::{Attempt, Error, LockGuard, LockInfo, LockKey, LockManager, LockMode, Result};
 
 /// Taking and releasing locks: the methods callers use, on every [`LockManager`] including
 /// `dyn LockManager`.
@@ -22,7 +22,7 @@ use crate::{Error, LockGuard, LockInfo, LockKey, LockManager, LockMode, Result};
 /// | [`with_lock`](Self::with_lock), [`with_lock_shared`](Self::with_lock_shared) | until the deadline | the body's value; the lock is released on every path |
 /// | [`try_with_lock`](Self::try_with_lock), [`try_with_lock_shared`](Self::try_with_lock_shared) | never | `Some(value)`, or `None` (body skipped) when held |
 /// | [`acquire`](Self::acquire), [`acquire_shared`](Self::acquire_shared) | until the deadline | a [`LockGuard`] |
-/// | [`try_acquire`](Self::try_acquire), [`try_acquire_shared`](Self::try_acquire_shared) | never | `Some(LockGuard)`, or `None` when held |
+/// | [`try_acquire`](Self::try_acquire), [`try_acquire_shared`](Self::try_acquire_shared) | never | [`Attempt::Acquired`] with a [`LockGuard`], or [`Attempt::Busy`] when held |
 /// | [`release`](Self::release) | | releases a key's lock, however it was taken |
 /// | [`is_held`](Self::is_held) | | whether this manager holds a key |
 ///
@@ -99,16 +99,16 @@ pub trait LockManagerExt: LockManager {
         acquire(self, key.into(), LockMode::Shared, timeout)
     }
 
-    /// Takes the exclusive lock on `key` if it is free right now, without waiting: `None` when
-    /// anyone holds it, this manager included.
+    /// Takes the exclusive lock on `key` if it is free right now, without waiting:
+    /// [`Attempt::Busy`] when anyone holds it, this manager included.
     ///
     /// For the Python original's "try, then later `release(key)`", leak the guard into the
-    /// manager's registry: `locks.try_acquire(key).await?.map(LockGuard::leak)`.
+    /// manager's registry: `locks.try_acquire(key).await?.leak()` (see [`Attempt`]).
     ///
     /// # Errors
     ///
-    /// Failures are errors, never `None`; [`Error::Reentrant`] inside a critical section on
-    /// `key`.
+    /// Failures are errors, never [`Attempt::Busy`]; [`Error::Reentrant`] inside a critical
+    /// section on `key`.
     ///
     /// # Cancel safety
     ///
@@ -117,27 +117,25 @@ pub trait LockManagerExt: LockManager {
     /// # Examples
     ///
     /// ```
-    /// use pglock::{InMemoryLockManager, LockManagerExt};
+    /// use pglock::{Attempt, InMemoryLockManager, LockManagerExt};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
     /// let locks = InMemoryLockManager::new();
-    /// let Some(guard) = locks.try_acquire("job:nightly").await? else {
+    /// let Attempt::Acquired(guard) = locks.try_acquire("job:nightly").await? else {
     ///     return Ok(()); // another replica runs it
     /// };
-    /// assert!(locks.try_acquire("job:nightly").await?.is_none(), "held, even by us");
+    /// let again = locks.try_acquire("job:nightly").await?;
+    /// assert!(matches!(again, Attempt::Busy), "held, even by us");
     /// // ... the job ...
     /// guard.release().await?;
     /// # Ok(()) }
     /// ```
-    fn try_acquire(
-        &self,
-        key: impl Into<LockKey>,
-    ) -> impl Future<Output = Result<Option<LockGuard>>> + Send {
+    fn try_acquire(&self, key: impl Into<LockKey>) -> impl Future<Output = Result<Attempt>> + Send {
         try_acquire(self, key.into(), LockMode::Exclusive)
     }
 
     /// Takes `key` in shared mode if no one holds it exclusively right now, without waiting:
-    /// `None` when it is held exclusively by anyone, or in any mode by this manager.
+    /// [`Attempt::Busy`] when it is held exclusively by anyone, or in any mode by this manager.
     ///
     /// # Errors
     ///
@@ -149,7 +147,7 @@ pub trait LockManagerExt: LockManager {
     fn try_acquire_shared(
         &self,
         key: impl Into<LockKey>,
-    ) -> impl Future<Output = Result<Option<LockGuard>>> + Send {
+    ) -> impl Future<Output = Result<Attempt>> + Send {
         try_acquire(self, key.into(), LockMode::Shared)
     }
 
@@ -447,11 +445,12 @@ async fn try_acquire<M: LockManager + ?Sized>(
     manager: &M,
     key: LockKey,
     mode: LockMode,
-) -> Result<Option<LockGuard>> {
+) -> Result<Attempt> {
     refuse_nested(manager, &key)?;
-    manager
+    let guard = manager
         .lock(&key, AcquireOptions::new(mode, Wait::No))
-        .await
+        .await?;
+    Ok(Attempt::from(guard))
 }
 
 /// `with_lock` in `mode`: waits for the lock, then runs `body` under it.
@@ -486,8 +485,8 @@ where
     T: Send,
 {
     match try_acquire(manager, key, mode).await? {
-        Some(guard) => run_and_release(guard, body).await.map(Some),
-        None => Ok(None),
+        Attempt::Acquired(guard) => run_and_release(guard, body).await.map(Some),
+        Attempt::Busy => Ok(None),
     }
 }
 

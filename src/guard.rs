@@ -186,18 +186,17 @@ impl LockGuard {
     ///
     /// The lock stays held until [`release`](crate::LockManagerExt::release) or
     /// [`release_all`](crate::LockManager::release_all) names it, or the manager is dropped.
-    /// Together with [`try_acquire`](crate::LockManagerExt::try_acquire) this is the Python
-    /// original's leader loop:
+    /// [`Attempt::leak`](crate::Attempt::leak) does the same for a try: the Python original's
+    /// "try, then later `release(key)`".
     ///
     /// ```
-    /// use pglock::{InMemoryLockManager, LockGuard, LockManagerExt};
+    /// use pglock::{InMemoryLockManager, LockManagerExt};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
     /// let locks = InMemoryLockManager::new();
-    /// if let Some(term) = locks.try_acquire("leader:jobs").await?.map(LockGuard::leak) {
-    ///     // ... lead, with term.fencing_token ...
-    ///     locks.release("leader:jobs").await?;
-    /// }
+    /// let info = locks.acquire("leader:jobs", None).await?.leak();
+    /// assert!(locks.is_held(&info.key).await);
+    /// locks.release("leader:jobs").await?;
     /// # Ok(()) }
     /// ```
     pub fn leak(mut self) -> LockInfo {

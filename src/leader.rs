@@ -15,7 +15,9 @@ use tracing::{Instrument, Span, field::Empty};
 use crate::metrics::{LeaderMetrics, MeterChoice};
 use crate::sync::{First, first};
 use crate::telemetry::{self, leader as names};
-use crate::{LockGuard, LockInfo, LockKey, LockManager, LockManagerExt, LossCause, LossSignal};
+use crate::{
+    Attempt, LockGuard, LockInfo, LockKey, LockManager, LockManagerExt, LossCause, LossSignal,
+};
 
 /// A `Result` whose error is the leader election [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -551,13 +553,13 @@ impl Campaign {
             let attempt = self.manager.try_acquire(self.key.clone());
             match first(self.stop.cancelled(), attempt).await {
                 First::Left(()) => return Ok(false),
-                First::Right(Ok(Some(guard))) => {
+                First::Right(Ok(Attempt::Acquired(guard))) => {
                     if let Some(released) = self.lead(guard, vacant_since).await {
                         return released;
                     }
                     vacant_since = Instant::now();
                 }
-                First::Right(Ok(None)) => vacant_since = Instant::now(), // someone else leads
+                First::Right(Ok(Attempt::Busy)) => vacant_since = Instant::now(), // someone else leads
                 First::Right(Err(err)) => {
                     if self.tracing {
                         tracing::warn!(

@@ -81,7 +81,9 @@
 //!   critical section of its own key fails, at once ([`Error::Reentrant`]).
 //! * **The caller's deadline is the only bound**: one timeout covers this manager's queue,
 //!   getting a connection and the wait on the server, and its end is [`Error::Timeout`]
-//!   whatever the stage. The wait happens on the server, in its FIFO queue, without polling.
+//!   whatever the stage. Waits never take more than the manager's share of the pool
+//!   ([`max_connections`](PostgresLockManagerBuilder::max_connections)): one waits in the
+//!   server's FIFO queue, the others are woken by a pglock release or a poll.
 //! * **Cancel safety**: dropping any lock-touching future at any await point leaves no advisory
 //!   lock behind and never returns a connection that may hold one to the pool.
 //! * **A holder is told whenever its lock goes**: declared lost (its session ended, within
@@ -105,6 +107,7 @@
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod attempt;
 mod core;
 mod error;
 mod ext;
@@ -129,6 +132,7 @@ mod sync;
 pub mod telemetry;
 mod xact;
 
+pub use crate::attempt::Attempt;
 pub use crate::error::{Error, InvalidIdentifier, ReleaseFailure, Result};
 pub use crate::ext::LockManagerExt;
 pub use crate::fence::RowFence;
@@ -146,7 +150,9 @@ pub use crate::xact::TransactionLock;
 
 /// The traits and types most code needs: `use pglock::prelude::*;`.
 pub mod prelude {
-    pub use crate::{LockGuard, LockInfo, LockKey, LockManager, LockManagerExt, LossCause};
+    pub use crate::{
+        Attempt, LockGuard, LockInfo, LockKey, LockManager, LockManagerExt, LossCause,
+    };
 }
 
 // The Rust snippets of the README and the guide are compiled as doc tests.

@@ -93,7 +93,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::{LockGuard, LockInfo, LockKey, LockManager, LockManagerExt, LossSignal};
+use crate::{Attempt, LockGuard, LockInfo, LockKey, LockManager, LockManagerExt, LossSignal};
 
 /// A `Result` whose error is the semaphore [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -227,7 +227,9 @@ impl Semaphore {
     ///
     /// Cancel safe: if the future is dropped, no permit is left taken.
     pub async fn try_acquire(&self) -> Result<Option<Permit>> {
-        let Some(turnstile) = self.inner.locks.try_acquire(&self.inner.turnstile).await? else {
+        let Attempt::Acquired(turnstile) =
+            self.inner.locks.try_acquire(&self.inner.turnstile).await?
+        else {
             return Ok(None);
         };
         let permit = self.look().await;
@@ -309,11 +311,11 @@ impl Semaphore {
         for offset in 0..slots.len() {
             let slot = (start + offset) % slots.len();
             match self.inner.locks.try_acquire(&slots[slot]).await {
-                Ok(Some(guard)) => {
+                Ok(Attempt::Acquired(guard)) => {
                     let freed = Freed(Arc::clone(&self.inner));
                     return Ok(Some(Permit { guard, slot, freed }));
                 }
-                Ok(None) => {}
+                Ok(Attempt::Busy) => {}
                 // Asked from inside this slot's own permit (`Permit::run`): the slot is taken,
                 // by the caller; another may be free.
                 Err(crate::Error::Reentrant { .. }) => {}

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use common::{app_name, assert_pool_clean, eventually, key, lock_rows, observer, pool_named};
 use pglock::{
-    InMemoryLockManager, InMemoryLockServer, LockGuard, LockManager, LockManagerExt,
-    PostgresLockManager, lock_id,
+    InMemoryLockManager, InMemoryLockServer, LockManager, LockManagerExt, PostgresLockManager,
+    lock_id,
 };
 use pglock_testing::{Stage, pause_at};
 use sqlx::PgPool;
@@ -312,15 +312,18 @@ async fn in_memory_operations_cancelled_at_each_stage() {
         async move {
             assert_eq!(manager.held_lock_count(), 0);
             assert!(
-                next.try_acquire(&key)
-                    .await
-                    .expect("try")
-                    .map(LockGuard::leak)
-                    .is_some(),
+                next.try_acquire(&key).await.expect("try").leak().is_some(),
                 "key left held"
             );
             next.release(&key).await.expect("release");
-            assert!(manager.try_acquire(&key).await.expect("try").is_some());
+            assert!(
+                manager
+                    .try_acquire(&key)
+                    .await
+                    .expect("try")
+                    .into_guard()
+                    .is_some()
+            );
         }
     };
     for stage in [Stage::Turn, Stage::Server, Stage::Register] {

@@ -11,8 +11,8 @@ use common::proxy::Proxy;
 use common::stages::StageCounts;
 use common::{app_name, eventually_waiting, key, lock_rows, observer, pool_named};
 use pglock::{
-    Error, FencingTable, InMemoryLockManager, LockGuard, LockManagerExt, LossCause,
-    PostgresLockManager, lock_id,
+    Error, FencingTable, InMemoryLockManager, LockManagerExt, LossCause, PostgresLockManager,
+    lock_id,
 };
 use pglock_testing::{Stage, TempPostgres};
 use sqlx::PgPool;
@@ -66,7 +66,7 @@ async fn tokens_increase_with_every_acquisition_of_a_key() {
             .try_acquire(&key)
             .await
             .expect("try")
-            .map(LockGuard::leak)
+            .leak()
             .expect("free");
         tokens.push(info.fencing_token.expect("fencing is on"));
         b.release(&key).await.expect("release");

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use pglock::{HeldLock, InMemoryLockManager, LockGuard, LockManager, LockManagerExt, LockMode};
+use pglock::{HeldLock, InMemoryLockManager, LockManager, LockManagerExt, LockMode};
 use tokio::time::advance;
 
 /// The listing as (key, mode, held for).
@@ -32,7 +32,7 @@ async fn ages_are_the_time_that_passed_oldest_first() {
         .try_acquire_shared("second")
         .await
         .expect("try")
-        .map(LockGuard::leak)
+        .leak()
         .expect("free");
     advance(secs(2)).await;
     assert_eq!(
@@ -91,7 +91,7 @@ async fn lost_and_released_locks_are_not_listed() {
         .try_acquire("released")
         .await
         .expect("try")
-        .map(LockGuard::leak)
+        .leak()
         .expect("free");
     advance(secs(1)).await;
     assert!(locks.simulate_loss("lost").await);

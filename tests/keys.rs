@@ -44,7 +44,12 @@ async fn sqlx_advisory_locks_and_pglock_exclude_each_other() {
         let mut conn = connection().await;
         let held = sqlx_lock.acquire(&mut conn).await.expect("sqlx acquire");
         assert!(
-            locks.try_acquire(key.clone()).await.expect("try").is_none(),
+            locks
+                .try_acquire(key.clone())
+                .await
+                .expect("try")
+                .into_guard()
+                .is_none(),
             "{key}"
         );
         let waiting = tokio::spawn({
@@ -107,7 +112,12 @@ async fn raw_ids_and_pairs_contend_with_hand_written_sql() {
             .await
             .expect("hand-written lock");
         assert!(
-            locks.try_acquire(key.clone()).await.expect("try").is_none(),
+            locks
+                .try_acquire(key.clone())
+                .await
+                .expect("try")
+                .into_guard()
+                .is_none(),
             "{key}"
         );
         // A waiter on the server, minting its token when granted.

@@ -63,8 +63,8 @@ async fn take_keys(
     let mut guards = Vec::new();
     for i in 0..keys {
         match locks.try_acquire(format!("{label}:{i}")).await {
-            Ok(Some(guard)) => guards.push(guard),
-            Ok(None) => panic!("{label}:{i} is held by no one else"),
+            Ok(pglock::Attempt::Acquired(guard)) => guards.push(guard),
+            Ok(pglock::Attempt::Busy) => panic!("{label}:{i} is held by no one else"),
             Err(err) => return (guards, Some(err)),
         }
     }
@@ -267,7 +267,12 @@ async fn the_in_memory_manager_keeps_a_budget_for_unit_tests() {
     let locks = InMemoryLockManager::builder().lock_budget(2).build();
     assert_eq!(locks.lock_budget(), Some(2));
     let a = locks.acquire("a", None).await.expect("a");
-    let b = locks.try_acquire("b").await.expect("b").expect("free");
+    let b = locks
+        .try_acquire("b")
+        .await
+        .expect("b")
+        .into_guard()
+        .expect("free");
     let err = locks.try_acquire("c").await.expect_err("over budget");
     assert!(
         matches!(

@@ -507,7 +507,7 @@ async fn a_lock_session_whose_backend_died_while_idle_is_replaced_on_the_next_tr
         .try_acquire(&key)
         .await
         .expect("a new session answers")
-        .map(LockGuard::leak);
+        .leak();
     assert!(info.is_some());
     assert_eq!(lock_rows(&observer, lock_id(&key)).await.len(), 1);
     locks.release(&key).await.expect("release");

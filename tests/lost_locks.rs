@@ -301,7 +301,12 @@ async fn the_in_memory_manager_can_simulate_a_loss() {
     );
     assert!(!locks.simulate_loss(&key).await, "nothing left to lose");
     assert!(
-        locks.try_acquire(&key).await.expect("try").is_some(),
+        locks
+            .try_acquire(&key)
+            .await
+            .expect("try")
+            .into_guard()
+            .is_some(),
         "the lock was freed"
     );
 }

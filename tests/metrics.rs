@@ -59,7 +59,14 @@ async fn postgres_manager_records_waits_outcomes_held_locks_and_losses() {
         .expect_err("held by the rival");
     assert!(err.is_timeout());
     // A busy try.
-    assert!(locks.try_acquire(c).await.expect("try").is_none());
+    assert!(
+        locks
+            .try_acquire(c)
+            .await
+            .expect("try")
+            .into_guard()
+            .is_none()
+    );
     guard_a.release().await.expect("release");
     locks.release(&b).await.expect("release");
 

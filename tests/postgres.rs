@@ -15,9 +15,7 @@ use common::{
     advisory_locks_of, app_name, assert_pool_clean, eventually, eventually_waiting, key, lock_rows,
     observer, pool_named, sessions_of,
 };
-use pglock::{
-    Error, LockGuard, LockManager, LockManagerExt, PostgresLockManager, lock_id, split_lock_id,
-};
+use pglock::{Error, LockManager, LockManagerExt, PostgresLockManager, lock_id, split_lock_id};
 use pglock_testing::Stage;
 use sqlx::postgres::PgPoolOptions;
 use tokio::sync::mpsc;
@@ -37,7 +35,13 @@ async fn two_managers_exclude_each_other() {
     );
     let key = key("exclusion");
     let guard = a.acquire(&key, None).await.expect("a takes the free key");
-    assert!(b.try_acquire(&key).await.expect("try").is_none());
+    assert!(
+        b.try_acquire(&key)
+            .await
+            .expect("try")
+            .into_guard()
+            .is_none()
+    );
     let err = b
         .acquire(&key, Some(Duration::from_millis(100)))
         .await
@@ -355,7 +359,14 @@ async fn pool_exhaustion_is_a_typed_error_within_the_deadline() {
     assert!(elapsed < Duration::from_secs(2), "took {elapsed:?}");
 
     // try_acquire runs on the lock session: it never waits for the pool.
-    assert!(locks.try_acquire(&other).await.expect("try").is_none());
+    assert!(
+        locks
+            .try_acquire(&other)
+            .await
+            .expect("try")
+            .into_guard()
+            .is_none()
+    );
     drop(busy);
     held.release().await.expect("release");
     common::hold(&locks, &other).await;
@@ -724,7 +735,11 @@ async fn a_holder_process_that_exits_without_releasing_frees_the_lock() {
         &key,
     );
     assert!(
-        next.try_acquire(&key).await.expect("try").is_none(),
+        next.try_acquire(&key)
+            .await
+            .expect("try")
+            .into_guard()
+            .is_none(),
         "the child holds it"
     );
     writeln!(child.stdin.take().expect("stdin"), "exit").expect("tell the child to exit");
@@ -745,7 +760,11 @@ async fn a_killed_holder_process_frees_the_lock() {
     let next = manager(&app_name("next"), 2).await;
     let mut child = spawn_holder_process("a_killed_holder_process_frees_the_lock", &key);
     assert!(
-        next.try_acquire(&key).await.expect("try").is_none(),
+        next.try_acquire(&key)
+            .await
+            .expect("try")
+            .into_guard()
+            .is_none(),
         "the child holds it"
     );
     child.kill().expect("SIGKILL the holder");
@@ -764,19 +783,20 @@ async fn clones_are_one_holder_and_separate_managers_are_two() {
     let same = one.clone();
     let other = PostgresLockManager::new(pool);
     let key = key("clones");
-    assert!(
-        one.try_acquire(&key)
-            .await
-            .expect("try")
-            .map(LockGuard::leak)
-            .is_some()
-    );
+    assert!(one.try_acquire(&key).await.expect("try").leak().is_some());
     assert!(same.is_held(&key).await, "a clone sees the same registry");
     assert!(
         !other.is_held(&key).await,
         "another manager is another holder"
     );
-    assert!(other.try_acquire(&key).await.expect("try").is_none());
+    assert!(
+        other
+            .try_acquire(&key)
+            .await
+            .expect("try")
+            .into_guard()
+            .is_none()
+    );
     same.release(&key).await.expect("a clone may release it");
     assert_eq!(one.held_lock_count(), 0);
 }

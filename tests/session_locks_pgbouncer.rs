@@ -97,7 +97,12 @@ async fn the_lock_is_shared_with_every_client_of_its_server_connection() {
 
     let direct = PostgresLockManager::new(common::pool(2).await);
     assert!(
-        direct.try_acquire(&name).await.expect("try").is_none(),
+        direct
+            .try_acquire(&name)
+            .await
+            .expect("try")
+            .into_guard()
+            .is_none(),
         "a direct client is refused"
     );
     guard
@@ -159,7 +164,12 @@ async fn the_unlock_can_land_on_another_server_connection_and_the_lock_stays() {
     );
     let direct = PostgresLockManager::new(common::pool(2).await);
     assert!(
-        direct.try_acquire(&name).await.expect("try").is_none(),
+        direct
+            .try_acquire(&name)
+            .await
+            .expect("try")
+            .into_guard()
+            .is_none(),
         "and it excludes everyone else"
     );
 

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use common::{app_name, key, lock_rows, observer, pool_named};
 use pglock::{
-    InMemoryLockManager, InMemoryLockServer, LockGuard, LockManager, LockManagerExt,
-    PostgresLockManager, lock_id,
+    InMemoryLockManager, InMemoryLockServer, LockManager, LockManagerExt, PostgresLockManager,
+    lock_id,
 };
 
 const SHORT: Option<Duration> = Some(Duration::from_millis(50));
@@ -44,7 +44,13 @@ async fn sharers_coexist_and_exclude_an_exclusive_holder(holders: &[Arc<dyn Lock
         .acquire_shared(&key, EVENTUALLY)
         .await
         .expect("b shares alongside a");
-    assert!(c.try_acquire(&key).await.expect("try").is_none());
+    assert!(
+        c.try_acquire(&key)
+            .await
+            .expect("try")
+            .into_guard()
+            .is_none()
+    );
     let err = c.acquire(&key, SHORT).await.expect_err("sharers exclude c");
     assert!(err.is_timeout(), "{err:?}");
     first.release().await.expect("release");
@@ -57,7 +63,13 @@ async fn sharers_coexist_and_exclude_an_exclusive_holder(holders: &[Arc<dyn Lock
     second.release().await.expect("release");
 
     let exclusive = c.acquire(&key, EVENTUALLY).await.expect("c alone");
-    assert!(a.try_acquire_shared(&key).await.expect("try").is_none());
+    assert!(
+        a.try_acquire_shared(&key)
+            .await
+            .expect("try")
+            .into_guard()
+            .is_none()
+    );
     assert!(
         a.acquire_shared(&key, SHORT)
             .await
@@ -69,7 +81,7 @@ async fn sharers_coexist_and_exclude_an_exclusive_holder(holders: &[Arc<dyn Lock
         a.try_acquire_shared(&key)
             .await
             .expect("try")
-            .map(LockGuard::leak)
+            .leak()
             .is_some()
     );
     a.release(&key).await.expect("release");
@@ -90,7 +102,8 @@ async fn a_queued_exclusive_request_holds_back_later_sharers(holders: &[Arc<dyn 
     // Wait until b's exclusive request is queued: a later sharer is then refused.
     let mut refused = false;
     for _ in 0..500 {
-        let Some(probe) = c.try_acquire_shared(&key).await.expect("try") else {
+        let pglock::Attempt::Acquired(probe) = c.try_acquire_shared(&key).await.expect("try")
+        else {
             refused = true;
             break;
         };

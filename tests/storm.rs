@@ -19,9 +19,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use common::{app_name, assert_pool_clean, eventually, key, lock_rows, observer};
-use pglock::{
-    Error, LockGuard, LockManager, LockManagerExt, LossCause, PostgresLockManager, lock_id,
-};
+use pglock::{Error, LockManager, LockManagerExt, LossCause, PostgresLockManager, lock_id};
 
 const TASKS_PER_MANAGER: usize = 6;
 const KEYS: usize = 4;
@@ -248,12 +246,7 @@ async fn storm_task(
             3 => {
                 let (cut, output) = maybe_cancel(&mut rng, async move {
                     // Left in the registry, as the Python-style pair does, for `release(key)`.
-                    if locks_for_op
-                        .try_acquire(&key)
-                        .await?
-                        .map(LockGuard::leak)
-                        .is_some()
-                    {
+                    if locks_for_op.try_acquire(&key).await?.leak().is_some() {
                         locks_for_op.release(&key).await?;
                     }
                     Ok::<(), Error>(())

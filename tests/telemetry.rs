@@ -11,7 +11,7 @@ use opentelemetry::Value;
 use opentelemetry::trace::{SpanId, Status};
 use opentelemetry_sdk::trace::SpanData;
 use pglock::telemetry::{self, outcome, via};
-use pglock::{LockGuard, LockManagerExt, PostgresLockManager, lock_id};
+use pglock::{LockManagerExt, PostgresLockManager, lock_id};
 use tracing::Instrument;
 
 /// The value of attribute `key`, asserting it was recorded at most once.
@@ -176,7 +176,13 @@ async fn spans_carry_the_documented_names_fields_and_outcomes() {
             .await
             .expect_err("the key is held by b");
         assert!(err.is_timeout(), "{err:?}");
-        assert!(a.try_acquire(&held).await.expect("try_acquire").is_none());
+        assert!(
+            a.try_acquire(&held)
+                .await
+                .expect("try_acquire")
+                .into_guard()
+                .is_none()
+        );
         other.release().await.expect("release");
 
         // try_acquire, then release by key.
@@ -185,7 +191,7 @@ async fn spans_carry_the_documented_names_fields_and_outcomes() {
             a.try_acquire(&tried)
                 .await
                 .expect("try_acquire")
-                .map(LockGuard::leak)
+                .leak()
                 .is_some()
         );
         a.release(&tried).await.expect("release by key");
@@ -376,6 +382,7 @@ async fn a_manager_built_with_tracing_off_emits_no_spans() {
             .try_acquire(&shared)
             .await
             .expect("try_acquire")
+            .into_guard()
             .is_none()
     );
     other.release().await.expect("release");

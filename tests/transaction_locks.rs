@@ -117,11 +117,23 @@ async fn transaction_and_session_locks_of_a_key_exclude_each_other() {
     guard.release().await.expect("release");
     assert!(lock.try_acquire(&mut tx).await.expect("try"), "released");
     assert!(
-        locks.try_acquire(&name).await.expect("try").is_none(),
+        locks
+            .try_acquire(&name)
+            .await
+            .expect("try")
+            .into_guard()
+            .is_none(),
         "held by the transaction"
     );
     tx.commit().await.expect("commit");
-    assert!(locks.try_acquire(&name).await.expect("try").is_some());
+    assert!(
+        locks
+            .try_acquire(&name)
+            .await
+            .expect("try")
+            .into_guard()
+            .is_some()
+    );
 }
 
 /// In autocommit a transaction lock would be released as soon as it was granted: every call

@@ -58,7 +58,12 @@ async fn act_as_holder(spec: &str) {
     let mut guards = Vec::new();
     for key in keys(prefix, n) {
         guards.push(Some(
-            locks.try_acquire(&key).await.expect("try").expect("free"),
+            locks
+                .try_acquire(&key)
+                .await
+                .expect("try")
+                .into_guard()
+                .expect("free"),
         ));
     }
     println!("\nHELD");

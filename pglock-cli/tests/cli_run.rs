@@ -66,7 +66,12 @@ async fn the_command_runs_under_the_lock_and_its_exit_status_comes_back() {
     assert_eq!(app, format!("pglock:{holder}"));
     let rival = PostgresLockManager::new(common::pool(2).await);
     assert!(
-        rival.try_acquire(&key).await.expect("try").is_none(),
+        rival
+            .try_acquire(&key)
+            .await
+            .expect("try")
+            .into_guard()
+            .is_none(),
         "held"
     );
     writeln!(run.stdin.take().expect("stdin"), "go").expect("let the command end");

@@ -429,11 +429,11 @@ async fn memory_the_cutover_waits_for_a_writer_inside_the_gate() {
             .await
             .unwrap()
         {
-            Some(probe) => {
+            pglock::Attempt::Acquired(probe) => {
                 probe.release().await.unwrap();
                 false
             }
-            None => true,
+            pglock::Attempt::Busy => true,
         }
     })
     .await;

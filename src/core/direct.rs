@@ -99,7 +99,7 @@ macro_rules! direct_acquisitions {
             ///
             /// # Errors
             ///
-            /// Failures are errors, never `None`;
+            /// Failures are errors, never [`Attempt::Busy`]($crate::Attempt::Busy);
             /// [`Error::Reentrant`]($crate::Error::Reentrant) inside a critical section on
             /// `key`.
             ///
@@ -109,11 +109,12 @@ macro_rules! direct_acquisitions {
             pub async fn try_acquire(
                 &self,
                 key: impl Into<$crate::LockKey>,
-            ) -> $crate::Result<Option<$crate::LockGuard>> {
+            ) -> $crate::Result<$crate::Attempt> {
                 let key = key.into();
                 self.core
                     .try_acquire_checked(key, $crate::LockMode::Exclusive)
                     .await
+                    .map($crate::Attempt::from)
             }
 
             /// Takes `key` in shared mode if no one holds it exclusively right now: exactly
@@ -130,11 +131,12 @@ macro_rules! direct_acquisitions {
             pub async fn try_acquire_shared(
                 &self,
                 key: impl Into<$crate::LockKey>,
-            ) -> $crate::Result<Option<$crate::LockGuard>> {
+            ) -> $crate::Result<$crate::Attempt> {
                 let key = key.into();
                 self.core
                     .try_acquire_checked(key, $crate::LockMode::Shared)
                     .await
+                    .map($crate::Attempt::from)
             }
         }
     };

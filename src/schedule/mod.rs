@@ -137,7 +137,7 @@ pub use self::table::JobTable;
 use self::lease::Lease;
 use crate::metrics::JobMetrics;
 use crate::telemetry::{SpanOutcome, job as names};
-use crate::{LockGuard, LockKey, LockManager, LockManagerExt, LossCause};
+use crate::{Attempt, LockGuard, LockKey, LockManager, LockManagerExt, LossCause};
 
 /// A job that runs at most once per window across every process sharing its store. See the
 /// [module documentation](self) for the rules.
@@ -267,7 +267,7 @@ impl ScheduledJob {
         if let Some(reason) = state.skip() {
             return Ok(skipped(&state, reason));
         }
-        let Some(guard) = locks.try_acquire(self.inner.key.clone()).await? else {
+        let Attempt::Acquired(guard) = locks.try_acquire(self.inner.key.clone()).await? else {
             return Ok(skipped(&state, Skip::Busy));
         };
         // Counted from before the claim is sent, so the body is cut off before the claim,

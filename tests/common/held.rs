@@ -9,7 +9,7 @@ pub async fn hold<M: LockManager + ?Sized>(locks: &M, key: impl Into<LockKey>) -
         .try_acquire(key)
         .await
         .expect("try_acquire")
-        .map(LockGuard::leak)
+        .leak()
         .expect("the key is free")
 }
 
@@ -20,6 +20,6 @@ pub async fn hold_shared<M: LockManager + ?Sized>(locks: &M, key: impl Into<Lock
         .try_acquire_shared(key)
         .await
         .expect("try_acquire_shared")
-        .map(LockGuard::leak)
+        .leak()
         .expect("the key is free of exclusive holders")
 }

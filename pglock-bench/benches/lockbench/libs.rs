@@ -500,7 +500,7 @@ impl Holder {
             Holder::Pglock(manager, _) => manager
                 .try_acquire(&key.name)
                 .await
-                .map(|guard| guard.map(LockGuard::leak).is_some())
+                .map(|attempt| attempt.leak().is_some())
                 .map_err(err),
             Holder::Raw(conn, raw) => raw.try_lock(conn, key.id).await,
             Holder::Advisory(conn) => {

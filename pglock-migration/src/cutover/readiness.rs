@@ -150,8 +150,8 @@ impl super::CutoverManager {
         // The probe's guard releases the lock as it drops, should this future be dropped
         // before the release below.
         match self.locks.try_acquire(Self::lock_key(tenant_id)).await {
-            Ok(Some(probe)) => probe.release().await?,
-            Ok(None) => return not_ready(NotReady::LockHeld),
+            Ok(pglock::Attempt::Acquired(probe)) => probe.release().await?,
+            Ok(pglock::Attempt::Busy) => return not_ready(NotReady::LockHeld),
             // Asked from inside this process's own critical section on the cutover lock: held,
             // by this process, as for any other holder.
             Err(pglock::Error::Reentrant { .. }) => return not_ready(NotReady::LockHeld),

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use pglock::{Error, LockGuard, LockKey, LockManagerExt, LockMode, lock_id};
+use pglock::{Attempt, Error, LockKey, LockManagerExt, LockMode, lock_id};
 
 use super::*;
 
@@ -25,7 +25,7 @@ pub async fn shared_acquisition_is_reported_and_released(manager: &Manager) {
         .try_acquire_shared(&key)
         .await
         .expect("try_acquire_shared")
-        .map(LockGuard::leak)
+        .leak()
         .expect("a free key is granted");
     assert_eq!(info.mode, LockMode::Shared);
     manager.release(&key).await.expect("release by key");
@@ -38,7 +38,7 @@ pub async fn shared_acquisition_is_reported_and_released(manager: &Manager) {
         .try_acquire_shared(&key)
         .await
         .expect("try")
-        .map(LockGuard::leak)
+        .leak()
         .expect("free");
     assert_eq!(manager.release_all().await.expect("release_all"), 1);
     assert_eq!(manager.held_lock_count(), 0);
@@ -58,9 +58,17 @@ pub async fn a_manager_holds_a_key_once_in_either_mode(manager: &Manager) {
             .try_acquire_shared(&key)
             .await
             .expect("try")
+            .into_guard()
             .is_none()
     );
-    assert!(manager.try_acquire(&key).await.expect("try").is_none());
+    assert!(
+        manager
+            .try_acquire(&key)
+            .await
+            .expect("try")
+            .into_guard()
+            .is_none()
+    );
     for mode in [LockMode::Shared, LockMode::Exclusive] {
         let err = acquire_elsewhere(manager, &key, mode, short)
             .await
@@ -76,6 +84,7 @@ pub async fn a_manager_holds_a_key_once_in_either_mode(manager: &Manager) {
             .try_acquire_shared(&key)
             .await
             .expect("try")
+            .into_guard()
             .is_none()
     );
     let err = acquire_elsewhere(manager, &key, LockMode::Shared, short)
@@ -94,6 +103,7 @@ pub async fn try_acquire_hands_out_a_guard(manager: &Manager) {
         .try_acquire(key.as_str())
         .await
         .expect("try_acquire")
+        .into_guard()
         .expect("a free key is granted");
     assert_eq!(guard.info().key, key.as_str());
     assert_eq!(guard.info().mode, LockMode::Exclusive);
@@ -103,6 +113,7 @@ pub async fn try_acquire_hands_out_a_guard(manager: &Manager) {
             .try_acquire(key.as_str())
             .await
             .expect("try")
+            .into_guard()
             .is_none()
     );
     assert!(
@@ -110,6 +121,7 @@ pub async fn try_acquire_hands_out_a_guard(manager: &Manager) {
             .try_acquire_shared(key.as_str())
             .await
             .expect("try")
+            .into_guard()
             .is_none()
     );
     drop(guard);
@@ -122,9 +134,45 @@ pub async fn try_acquire_hands_out_a_guard(manager: &Manager) {
         .try_acquire_shared(key.as_str())
         .await
         .expect("try")
+        .into_guard()
         .expect("free again");
     shared.release().await.expect("release");
     assert_eq!(manager.held_lock_count(), 0);
+}
+
+/// The Python original's "try, work, then `release(key)`", ported with [`Attempt::leak`] (the
+/// form without it does not compile): the lock stays held through the work, until the key is
+/// released, and no longer.
+pub async fn a_ported_try_keeps_its_lock_until_its_key_is_released(manager: &Manager) {
+    let key = key("ported-try");
+    let mut worked = false;
+    if let Some(info) = manager.try_acquire(key.as_str()).await.expect("try").leak() {
+        assert_eq!(info.key, key.as_str());
+        // The work runs under the lock: held here, refused to every other try.
+        assert!(manager.is_held(&key).await, "held while the work runs");
+        let again = manager.try_acquire(key.as_str()).await.expect("try");
+        assert!(matches!(again, Attempt::Busy), "{again:?}");
+        let elsewhere = acquire_elsewhere(
+            manager,
+            &key,
+            LockMode::Exclusive,
+            Some(Duration::from_millis(30)),
+        )
+        .await;
+        assert!(
+            elsewhere.as_ref().is_err_and(Error::is_timeout),
+            "another holder waits for the ported try's lock: {elsewhere:?}"
+        );
+        worked = true;
+        manager
+            .release(key.as_str())
+            .await
+            .expect("release(key) ends it");
+    }
+    assert!(worked, "a free key is granted");
+    assert!(!manager.is_held(&key).await);
+    hold(manager, &key).await;
+    manager.release(key.as_str()).await.expect("release");
 }
 
 /// Names, raw ids, id pairs and sqlx-derived names are keys of their own: a name that reads
@@ -155,6 +203,7 @@ pub async fn keys_of_every_kind_are_locks_of_their_own(manager: &Manager) {
             .try_acquire(keys[1].clone())
             .await
             .expect("try")
+            .into_guard()
             .is_none()
     );
     manager

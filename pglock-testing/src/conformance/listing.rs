@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use pglock::{HeldLock, LockGuard, LockInfo, LockManagerExt, LockMode};
+use pglock::{HeldLock, LockInfo, LockManagerExt, LockMode};
 use tokio::time::Instant;
 
 use super::*;
@@ -60,13 +60,13 @@ pub async fn the_listing_has_exactly_the_held_keys(manager: &Manager) {
         .try_acquire(&keys[2])
         .await
         .expect("try_acquire")
-        .map(LockGuard::leak)
+        .leak()
         .expect("free");
     let leaked_shared = manager
         .try_acquire_shared(&keys[3])
         .await
         .expect("try_acquire_shared")
-        .map(LockGuard::leak)
+        .leak()
         .expect("free");
     let taken = [
         exclusive.info().clone(),
@@ -156,7 +156,7 @@ pub async fn released_keys_leave_the_listing(manager: &Manager) {
             .try_acquire_shared(key)
             .await
             .expect("try_acquire_shared")
-            .map(LockGuard::leak)
+            .leak()
             .expect("free");
         held.push(info);
     }

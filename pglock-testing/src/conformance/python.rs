@@ -77,11 +77,15 @@ pub async fn try_acquire_succeeds_on_a_free_key_and_fails_on_a_held_one(manager:
         .try_acquire(&key)
         .await
         .expect("try_acquire")
+        .into_guard()
         .expect("a free key is granted");
     assert_eq!(guard.info().key, key.as_str());
     assert_eq!(&*guard.info().holder_id, manager.holder_id());
     let again = manager.try_acquire(&key).await.expect("try_acquire");
-    assert!(again.is_none(), "a held key is refused, even to its holder");
+    assert!(
+        again.into_guard().is_none(),
+        "a held key is refused, even to its holder"
+    );
     assert_eq!(
         manager.held_lock_count(),
         1,

@@ -15,7 +15,14 @@ use super::*;
 pub async fn reacquiring_an_own_key_waits_for_the_local_holder(manager: &Manager) {
     let key = key("reacquire");
     let guard = manager.acquire(&key, None).await.expect("acquire");
-    assert!(manager.try_acquire(&key).await.expect("try").is_none());
+    assert!(
+        manager
+            .try_acquire(&key)
+            .await
+            .expect("try")
+            .into_guard()
+            .is_none()
+    );
     let err = acquire_elsewhere(
         manager,
         &key,
