@@ -132,11 +132,11 @@ pub trait LockManager: Send + Sync + fmt::Debug {
     /// # Examples
     ///
     /// ```
-    /// use pglock::{InMemoryLockManager, LockGuard, LockManager, LockManagerExt, LossCause};
+    /// use pglock::{InMemoryLockManager, LockManager, LockManagerExt, LossCause};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
     /// let locks = InMemoryLockManager::new();
-    /// locks.try_acquire("a").await?.map(LockGuard::leak);
+    /// locks.try_acquire("a").await?.leak();
     /// let guard = locks.acquire("b", None).await?;
     /// assert_eq!(locks.release_all().await?, 2);
     /// assert_eq!(guard.loss_signal().cause(), Some(LossCause::ReleasedAll));

@@ -31,7 +31,7 @@ use crate::{LockKey, LockMode, LockTarget, LossCause, Result};
 /// second, as PostgreSQL managers' do), which lets a unit test play several replicas:
 ///
 /// ```
-/// use pglock::{InMemoryLockManager, InMemoryLockServer, LockManagerExt};
+/// use pglock::{Attempt, InMemoryLockManager, InMemoryLockServer, LockManagerExt};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
 /// let server = InMemoryLockServer::new();
@@ -39,9 +39,9 @@ use crate::{LockKey, LockMode, LockTarget, LossCause, Result};
 /// let b = InMemoryLockManager::builder().server(&server).holder_id("b").build();
 ///
 /// let guard = a.acquire("leader:jobs", None).await?;
-/// assert!(b.try_acquire("leader:jobs").await?.is_none());
+/// assert!(matches!(b.try_acquire("leader:jobs").await?, Attempt::Busy));
 /// guard.release().await?;
-/// assert!(b.try_acquire("leader:jobs").await?.is_some());
+/// assert!(matches!(b.try_acquire("leader:jobs").await?, Attempt::Acquired(_)));
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]

@@ -71,7 +71,7 @@ pub use server::{TempPostgres, database_url, shared_server};
 /// }
 /// assert_eq!(manager.held_lock_count(), 0);
 /// // The cancelled acquisition left nothing behind.
-/// assert!(manager.try_acquire("k").await.unwrap().is_some());
+/// assert!(matches!(manager.try_acquire("k").await.unwrap(), pglock::Attempt::Acquired(_)));
 /// # }
 /// ```
 pub fn pause_at(stage: Stage) -> (StageHook, Pause) {
