@@ -51,6 +51,9 @@ pub struct LockGuard {
 pub(crate) enum Exit {
     Postgres(CoreGuard<PgBackend>),
     Memory(CoreGuard<MemoryBackend>),
+    /// The engine's simulation, in the crate's own tests.
+    #[cfg(test)]
+    Sim(CoreGuard<crate::core::SimBackend>),
     Custom(Box<dyn GuardBackend>),
 }
 
@@ -59,6 +62,8 @@ impl fmt::Debug for Exit {
         match self {
             Exit::Postgres(guard) => guard.fmt(f),
             Exit::Memory(guard) => guard.fmt(f),
+            #[cfg(test)]
+            Exit::Sim(guard) => guard.fmt(f),
             Exit::Custom(backend) => backend.fmt(f),
         }
     }
@@ -176,6 +181,8 @@ impl LockGuard {
         match self.exit.take() {
             Some(Exit::Postgres(guard)) => guard.release(&self.loss).await,
             Some(Exit::Memory(guard)) => guard.release(&self.loss).await,
+            #[cfg(test)]
+            Some(Exit::Sim(guard)) => guard.release(&self.loss).await,
             Some(Exit::Custom(backend)) => backend.release().await,
             None => Ok(()),
         }
@@ -203,6 +210,8 @@ impl LockGuard {
         match self.exit.take() {
             Some(Exit::Postgres(guard)) => guard.leak(),
             Some(Exit::Memory(guard)) => guard.leak(),
+            #[cfg(test)]
+            Some(Exit::Sim(guard)) => guard.leak(),
             Some(Exit::Custom(backend)) => backend.leak(),
             None => {}
         }

@@ -53,6 +53,12 @@ impl Budget {
     }
 
     /// Takes a place for one more lock, or says `(held, limit)` when there is none.
+    /// How many places are taken, for the simulation's invariants.
+    #[cfg(test)]
+    pub(crate) fn used(&self) -> usize {
+        self.used.load(Ordering::SeqCst)
+    }
+
     pub(crate) fn reserve(self: &Arc<Self>) -> Result<Slot, (usize, usize)> {
         let limit = self.limit.load(Ordering::SeqCst);
         self.used

@@ -23,6 +23,8 @@ mod guard;
 mod liveness;
 mod options;
 mod registry;
+#[cfg(test)]
+mod sim;
 mod slots;
 mod spans;
 mod turn;
@@ -45,6 +47,8 @@ pub(crate) use self::liveness::Liveness;
 pub(crate) use self::options::{CommonOptions, HandoffLimits, Options};
 pub(crate) use self::registry::Watched;
 use self::registry::{Granted, State};
+#[cfg(test)]
+pub(crate) use self::sim::SimBackend;
 pub(crate) use self::slots::Slots;
 use self::spans::Outcome;
 use self::turn::TurnPermit;
@@ -55,7 +59,25 @@ use crate::{Error, LockGuard, LockInfo, LockKey, LockMode, LockTarget, LossCause
 
 /// The hasher of the engine's maps, keyed by [`LockKey`]s whose hash is their lock id: a
 /// cheap, seeded mix instead of SipHash, which costs more than the rest of a lookup.
+#[cfg(not(test))]
 pub(crate) type FastHash = foldhash::fast::RandomState;
+/// In the crate's own tests, a fixed seed: the simulation replays a seed only if every map
+/// iterates in the same order on every run.
+#[cfg(test)]
+pub(crate) type FastHash = foldhash::fast::FixedState;
+
+/// Whether the simulation planted `$bug` (see `sim/plant.rs`); always false outside the
+/// crate's own tests, where the planting site compiles away.
+macro_rules! planted {
+    ($bug:ident) => {{
+        #[cfg(test)]
+        let planted = $crate::core::sim::is_planted($crate::core::sim::Bug::$bug);
+        #[cfg(not(test))]
+        let planted = false;
+        planted
+    }};
+}
+pub(crate) use planted;
 
 /// A test hook's pause at one stage of an operation.
 type Checkpoint = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;

@@ -125,7 +125,7 @@ impl<B: Backend> Core<B> {
             // Checked under the registry lock, which the loss detector takes to look: a session
             // that ends from now on finds the lock in the registry; one that ended before is
             // reported here.
-            let ended = B::ended(&held.session).is_some();
+            let ended = B::ended(&held.session).is_some() && !super::planted!(LossRace);
             let previous = state.held.insert(request.key.clone(), held);
             debug_assert!(previous.is_none(), "two live acquisitions of one key");
             self.set_held(state.held.len());
@@ -257,7 +257,9 @@ impl<B: Backend> Core<B> {
             let drained: Vec<(LockKey, Held<B::Session>)> = state.held.drain().collect();
             self.set_held(0);
             for (_, held) in &drained {
-                held.signal.declare(LossCause::ReleasedAll);
+                if !super::planted!(ReleaseAllUntold) {
+                    held.signal.declare(LossCause::ReleasedAll);
+                }
             }
             drained
         };
@@ -324,7 +326,8 @@ impl<B: Backend> Core<B> {
         } = held;
         // The clock is read only when there is someone to hand over to.
         let within_limits = self.handoff.is_some_and(|limits| {
-            handoffs < limits.max_handoffs && turn.is_awaited() && since.elapsed() < limits.max_hold
+            let limit = limits.max_handoffs + u32::from(super::planted!(HandoffPastLimit));
+            handoffs < limit && turn.is_awaited() && since.elapsed() < limits.max_hold
         });
         let (turn, session, slot) = if within_limits {
             let handoff = Handoff {
@@ -350,7 +353,12 @@ impl<B: Backend> Core<B> {
             Some(span) => unlock.instrument(span.clone()).await,
         };
         // The place in the budget comes back once the server has let the lock go.
-        drop((slot, turn));
+        if result.is_err() && super::planted!(SlotKeptOnFailedUnlock) {
+            std::mem::forget(slot);
+            drop(turn);
+        } else {
+            drop((slot, turn));
+        }
         match &result {
             Ok(()) => recorder.finish(outcome::RELEASED, false),
             Err(err) => {

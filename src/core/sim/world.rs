@@ -1,0 +1,515 @@
+//! One simulated world: managers on a simulated server, callers running random programs, a
+//! nemesis, and the invariants checked as it runs.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep};
+
+use super::rng::Rng;
+use super::server::{Faults, SimBackend, SimServer, token_key};
+use crate::core::{Budget, Core, HandoffLimits, Options};
+use crate::{
+    Error, HeldLock, LockGuard, LockKey, LockManager, LockManagerExt, LockMode, LossCause,
+    LossSignal, Result,
+};
+
+/// The shape of every world: small, so keys are contended and seeds are cheap.
+const MANAGERS: usize = 2;
+const CALLERS: usize = 3;
+pub(super) const OPS: usize = 6;
+const KEYS: [&str; 3] = ["k0", "k1", "k2"];
+const BUDGET: usize = 3;
+const HANDOFF: HandoffLimits = HandoffLimits {
+    max_handoffs: 2,
+    max_hold: Duration::from_millis(40),
+};
+/// A world whose callers have not finished after this much simulated time is stuck.
+const STUCK_AFTER: Duration = Duration::from_secs(120);
+
+/// A manager of the simulated backend, as users hold one.
+#[derive(Debug)]
+pub(crate) struct SimManager {
+    pub(crate) core: Arc<Core<SimBackend>>,
+}
+
+#[async_trait::async_trait]
+impl LockManager for SimManager {
+    async fn lock(
+        &self,
+        key: &LockKey,
+        options: crate::AcquireOptions,
+    ) -> Result<Option<LockGuard>> {
+        self.core.lock(key, options).await
+    }
+    async fn unlock(&self, key: &LockKey) -> Result<()> {
+        self.core.release(key).await
+    }
+    async fn holds(&self, key: &LockKey) -> bool {
+        self.core.is_held(key).await
+    }
+    async fn release_all(&self) -> Result<usize> {
+        self.core.release_all().await
+    }
+    async fn held_locks(&self) -> Vec<HeldLock> {
+        self.core.held_locks().await
+    }
+    fn held_lock_count(&self) -> usize {
+        self.core.held_lock_count()
+    }
+    fn holder_id(&self) -> &str {
+        self.core.holder_id()
+    }
+}
+
+impl std::fmt::Debug for Core<SimBackend> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core")
+            .field("holder", &self.holder_id)
+            .finish()
+    }
+}
+
+/// What a caller believes it holds, from the acquisition's return until it lets go.
+struct Belief {
+    who: String,
+    key: LockKey,
+    mode: LockMode,
+    token: i64,
+    signal: LossSignal,
+    /// The signal is a set's, which fires when any of its keys goes.
+    of_a_set: bool,
+    active: bool,
+    /// When the acquisition returned: a lock whose session ended before is signalled by the
+    /// detector as soon as it runs, which may be just after the caller got its guard.
+    since: Instant,
+}
+
+/// Ends a belief when dropped: the caller let go, or was cancelled.
+pub(crate) struct Believing {
+    world: Arc<World>,
+    index: usize,
+}
+
+impl Drop for Believing {
+    fn drop(&mut self) {
+        crate::sync::lock(&self.world.beliefs)[self.index].active = false;
+    }
+}
+
+pub(crate) struct World {
+    pub(crate) rng: Arc<Rng>,
+    server: Arc<SimServer>,
+    managers: Vec<Arc<SimManager>>,
+    beliefs: Mutex<Vec<Belief>>,
+    /// Keys a caller leaked into a manager's registry and has not released yet.
+    leaked: Mutex<Vec<(usize, LockKey)>>,
+    violation: Mutex<Option<String>>,
+    trace: Mutex<Trace>,
+    started: Instant,
+    slack: Duration,
+}
+
+/// The world's trace: a running hash, and the lines themselves when asked for.
+pub(crate) struct Trace {
+    pub(crate) hash: u64,
+    pub(crate) lines: Option<Vec<String>>,
+    pub(crate) steps: u64,
+}
+
+impl World {
+    pub(crate) fn new(seed: u64, keep_lines: bool) -> Arc<World> {
+        let rng = Arc::new(Rng::new(seed));
+        let max_delay_ms = rng.pick(&[0, 1, 3]);
+        let faults = Faults {
+            max_delay_ms,
+            fail: rng.pick(&[0, 20, 80]),
+            reply_lost: rng.pick(&[0, 20, 60]),
+            stall: rng.pick(&[0, 10, 40]),
+            stall_ms: rng.pick(&[5, 30]),
+        };
+        let server = SimServer::new(Arc::clone(&rng), faults);
+        let managers = (0..MANAGERS)
+            .map(|m| {
+                let options = Options {
+                    metrics: Default::default(),
+                    holder_id: format!("m{m}").into(),
+                    tracing: false,
+                    hook: None,
+                    handoff: Some(HANDOFF),
+                    budget: Budget::new(Some(BUDGET), Default::default()),
+                    defer_drops: rng.chance(500),
+                    waits: Arc::default(),
+                };
+                let core = Arc::new(Core::new(server.backend(), options));
+                Arc::new(SimManager { core })
+            })
+            .collect();
+        let longest = faults.max_delay_ms.max(faults.stall_ms);
+        Arc::new(World {
+            rng,
+            server,
+            managers,
+            beliefs: Mutex::default(),
+            leaked: Mutex::default(),
+            violation: Mutex::default(),
+            trace: Mutex::new(Trace {
+                hash: 0xcbf2_9ce4_8422_2325,
+                lines: keep_lines.then(Vec::new),
+                steps: 0,
+            }),
+            started: Instant::now(),
+            // An operation may overrun its deadline by the delays around one server reply,
+            // and a set by those of letting its partial grant go.
+            slack: Duration::from_millis(4 * longest + 1),
+        })
+    }
+
+    /// Runs the world to its end and returns its first violation, if any.
+    pub(crate) async fn run(self: &Arc<Self>) -> Option<String> {
+        let callers: Vec<_> = (0..MANAGERS * CALLERS)
+            .map(|n| tokio::spawn(super::callers::caller(Arc::clone(self), n % MANAGERS, n)))
+            .collect();
+        let checker = tokio::spawn(check_every_tick(Arc::clone(self)));
+        let nemesis = tokio::spawn(nemesis(Arc::clone(self)));
+        let finished = tokio::time::timeout(STUCK_AFTER, async {
+            for caller in callers {
+                if let Err(err) = caller.await {
+                    return Err(format!("a caller panicked: {err}"));
+                }
+            }
+            Ok(())
+        })
+        .await;
+        nemesis.abort();
+        match finished {
+            Err(_) => self.violate(format!(
+                "stuck: callers still running after {STUCK_AFTER:?} of simulated time"
+            )),
+            Ok(Err(panic)) => self.violate(panic),
+            Ok(Ok(())) => {}
+        }
+        checker.abort();
+        if self.violation().is_none() {
+            self.check();
+            self.settle().await;
+        }
+        self.violation()
+    }
+
+    pub(crate) fn violation(&self) -> Option<String> {
+        crate::sync::lock(&self.violation).clone()
+    }
+
+    pub(crate) fn violate(&self, what: String) {
+        let mut violation = crate::sync::lock(&self.violation);
+        if violation.is_none() {
+            let at = self.started.elapsed().as_micros();
+            *violation = Some(format!("at {at} µs: {what}"));
+        }
+    }
+
+    pub(crate) fn trace(&self) -> std::sync::MutexGuard<'_, Trace> {
+        crate::sync::lock(&self.trace)
+    }
+
+    /// Adds a line to the trace, stamped with the simulated time.
+    pub(crate) fn note(&self, line: std::fmt::Arguments<'_>) {
+        let mut text = String::new();
+        let _ = write!(text, "{:>8} ", self.started.elapsed().as_micros());
+        let _ = text.write_fmt(line);
+        let mut trace = self.trace();
+        for byte in text.bytes() {
+            trace.hash = (trace.hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+        trace.steps += 1;
+        if let Some(lines) = &mut trace.lines {
+            lines.push(text);
+        }
+    }
+
+    pub(crate) fn manager(&self, m: usize) -> &SimManager {
+        &self.managers[m]
+    }
+
+    pub(crate) fn key(&self) -> LockKey {
+        LockKey::name(self.rng.pick(&KEYS))
+    }
+
+    pub(crate) fn two_keys(&self) -> [LockKey; 2] {
+        let first = self.rng.below(KEYS.len() as u64) as usize;
+        let second = (first + 1 + self.rng.below(KEYS.len() as u64 - 1) as usize) % KEYS.len();
+        [LockKey::name(KEYS[first]), LockKey::name(KEYS[second])]
+    }
+
+    pub(crate) fn mode(&self) -> LockMode {
+        if self.rng.chance(300) {
+            LockMode::Shared
+        } else {
+            LockMode::Exclusive
+        }
+    }
+
+    pub(crate) fn timeout(&self) -> Option<Duration> {
+        match self.rng.below(6) {
+            0 => None,
+            1 => Some(Duration::ZERO),
+            n => Some(Duration::from_millis(self.rng.below(8 * n) + 1)),
+        }
+    }
+
+    /// How long a holder works under its lock.
+    pub(crate) async fn work(&self) {
+        let ms = self.rng.below(6);
+        if ms == 0 {
+            tokio::task::yield_now().await;
+        } else {
+            sleep(Duration::from_millis(ms)).await;
+        }
+    }
+
+    /// Records that `who` believes it holds the lock `info` describes until the result drops.
+    pub(crate) fn believe(
+        self: &Arc<Self>,
+        who: &str,
+        info: &crate::LockInfo,
+        signal: &LossSignal,
+        of_a_set: bool,
+    ) -> Believing {
+        let token = info
+            .fencing_token
+            .expect("the simulated server mints tokens");
+        let mut beliefs = crate::sync::lock(&self.beliefs);
+        beliefs.push(Belief {
+            who: who.to_owned(),
+            key: info.key.clone(),
+            mode: info.mode,
+            token,
+            signal: signal.clone(),
+            of_a_set,
+            active: true,
+            since: Instant::now(),
+        });
+        Believing {
+            world: Arc::clone(self),
+            index: beliefs.len() - 1,
+        }
+    }
+
+    pub(crate) fn leaked(&self, m: usize, key: &LockKey, leaked: bool) {
+        let mut keys = crate::sync::lock(&self.leaked);
+        if leaked {
+            keys.push((m, key.clone()));
+        } else if let Some(at) = keys.iter().position(|(n, k)| *n == m && k == key) {
+            keys.swap_remove(at);
+        }
+    }
+
+    /// Deadlines are honoured: a bounded wait ends within its deadline plus the slack of one
+    /// reply, and never reports a timeout before it.
+    pub(crate) fn check_deadline<T>(
+        &self,
+        what: &str,
+        timeout: Option<Duration>,
+        started: Instant,
+        result: &Result<T>,
+        slack: Duration,
+    ) {
+        let Some(timeout) = timeout else {
+            return;
+        };
+        let took = started.elapsed();
+        if took > timeout + slack {
+            self.violate(format!(
+                "{what}: took {took:?} for a {timeout:?} deadline (slack {slack:?})"
+            ));
+        }
+        if matches!(result, Err(err) if err.is_timeout()) && took < timeout {
+            self.violate(format!(
+                "{what}: timed out after {took:?}, before its {timeout:?} deadline"
+            ));
+        }
+    }
+
+    pub(crate) fn slack(&self) -> Duration {
+        self.slack
+    }
+
+    /// Errors a caller may meet in this world; anything else is a violation.
+    pub(crate) fn expect_error(&self, what: &str, err: &Error) {
+        let expected = matches!(
+            err,
+            Error::Timeout { .. }
+                | Error::Connection { .. }
+                | Error::ReleaseFailed { .. }
+                | Error::LockLost { .. }
+                | Error::NotHeld { .. }
+                | Error::BudgetExhausted { .. }
+                | Error::Deadlock { .. }
+        );
+        if !expected {
+            self.violate(format!("{what}: unexpected error {err:?}"));
+        }
+    }
+
+    /// After every caller is done: the leaked keys released, every background release run,
+    /// then nothing may be held anywhere, and every key must be free for every manager.
+    async fn settle(self: &Arc<Self>) {
+        let leaked: Vec<_> = std::mem::take(&mut *crate::sync::lock(&self.leaked));
+        self.server.quiet();
+        for (m, key) in leaked {
+            match self.managers[m].release(key.clone()).await {
+                Ok(()) | Err(Error::NotHeld { .. }) | Err(Error::ReleaseFailed { .. }) => {}
+                Err(err) => self.violate(format!("m{m} release({key}) at the end: {err:?}")),
+            }
+        }
+        sleep(Duration::from_secs(1)).await;
+        for (m, manager) in self.managers.iter().enumerate() {
+            let held = manager.held_lock_count();
+            let used = manager.core.budget.used();
+            if held != 0 || used != 0 {
+                self.violate(format!(
+                    "m{m} with every caller gone: {held} registered, {used} budget places used"
+                ));
+            }
+        }
+        let live = self.server.live_sessions();
+        if !live.is_empty() {
+            self.violate(format!("with every caller gone the server holds {live:?}"));
+        }
+        for (m, manager) in self.managers.iter().enumerate() {
+            for key in KEYS {
+                match manager.acquire(key, Some(Duration::from_secs(1))).await {
+                    Ok(guard) => drop(guard.release().await),
+                    Err(err) => self.violate(format!("m{m} {key} at the end: {err:?}")),
+                }
+            }
+        }
+    }
+
+    /// The invariants, checked between two steps of the world.
+    fn check(&self) {
+        if let Err(what) = self.invariants() {
+            self.violate(what);
+        }
+    }
+
+    fn invariants(&self) -> std::result::Result<(), String> {
+        let now = Instant::now();
+        // What the server holds: the only truth about who holds a lock.
+        let (sessions, tokens) = {
+            let state = self.server.state();
+            for (target, holders) in &state.locks {
+                if holders.exclusive.is_some() && !holders.shared.is_empty() {
+                    return Err(format!("server: {target} exclusive and shared at once"));
+                }
+            }
+            let sessions: Vec<_> = state
+                .sessions
+                .iter()
+                .map(|s| (s.holding, s.mode, s.ended.clone(), s.manager))
+                .collect();
+            (sessions, state.token_session.clone())
+        };
+        // What callers believe: every live belief is backed by its session on the server, a
+        // lock that went is signalled, and no two callers hold a key exclusively.
+        let mut holding: BTreeMap<String, Vec<(String, LockMode)>> = BTreeMap::new();
+        for belief in crate::sync::lock(&self.beliefs).iter() {
+            let target = belief.key.target().packed();
+            let session = tokens[&token_key(target, belief.token)];
+            let (on_server, mode, ended, _) = &sessions[session];
+            let cause = belief.signal.cause();
+            if cause == Some(LossCause::SessionClosed) && ended.is_none() && !belief.of_a_set {
+                return Err(format!(
+                    "{} told its lock on {} was lost, but its session never ended",
+                    belief.who, belief.key
+                ));
+            }
+            if !belief.active || cause.is_some() {
+                continue;
+            }
+            if let Some((cause, at)) = ended {
+                // The detector runs before the clock moves on; so once it has moved, a lock
+                // that went must have been signalled.
+                if now > (*at).max(belief.since) {
+                    return Err(format!(
+                        "{} still believes it holds {} (token {}, session {session}) although its session ended ({cause:?}) {:?} ago, untold",
+                        belief.who,
+                        belief.key,
+                        belief.token,
+                        now - *at
+                    ));
+                }
+                continue;
+            }
+            if !on_server || *mode != belief.mode {
+                return Err(format!(
+                    "{} believes it holds {} ({:?}, token {}) but the server does not (session {session}: holding {on_server}, {mode:?})",
+                    belief.who, belief.key, belief.mode, belief.token
+                ));
+            }
+            let key = belief.key.to_string();
+            holding
+                .entry(key)
+                .or_default()
+                .push((belief.who.clone(), belief.mode));
+        }
+        for (key, holders) in &holding {
+            let exclusive = holders.iter().any(|(_, m)| *m == LockMode::Exclusive);
+            if exclusive && holders.len() > 1 {
+                return Err(format!("{key} held by {holders:?} at once"));
+            }
+        }
+        // Each registry matches the server, keeps its handoff limit and its budget.
+        for (m, manager) in self.managers.iter().enumerate() {
+            let used = manager.core.budget.used();
+            if used > BUDGET {
+                return Err(format!("m{m} uses {used} budget places of {BUDGET}"));
+            }
+            let state = manager.core.state();
+            for (key, held) in &state.held {
+                let (on_server, _, ended, owner) = &sessions[held.session.id];
+                if *owner != m {
+                    return Err(format!("m{m} registers {key} on m{owner}'s session"));
+                }
+                if ended.is_none() && !on_server {
+                    return Err(format!(
+                        "m{m} registers {key} on a session the server let go"
+                    ));
+                }
+                if held.handoffs > HANDOFF.max_handoffs {
+                    return Err(format!(
+                        "m{m} {key} handed over {} times, past its limit of {}",
+                        held.handoffs, HANDOFF.max_handoffs
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn check_every_tick(world: Arc<World>) {
+    loop {
+        world.check();
+        sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Ends a random live session now and then, as a server that terminates backends does.
+async fn nemesis(world: Arc<World>) {
+    let every = Duration::from_millis(world.rng.pick(&[3, 10, 1000]));
+    loop {
+        sleep(every).await;
+        let live = world.server.live_sessions();
+        if live.is_empty() {
+            continue;
+        }
+        let id = live[world.rng.below(live.len() as u64) as usize];
+        if world.server.end(id, LossCause::SessionClosed) {
+            world.note(format_args!("nemesis ends session {id}"));
+        }
+    }
+}
