@@ -140,6 +140,8 @@ struct State {
     /// Set once the acquisition ended without a loss (its guard released it, or handed it on):
     /// its session's later silence is no longer this signal's business.
     settled: AtomicBool,
+    /// Signals that fire with this one, at the same moment (a set's, for each of its guards).
+    followers: Mutex<Vec<LossSignal>>,
 }
 
 impl LossSignal {
@@ -150,11 +152,32 @@ impl LossSignal {
 
     /// Fires the signal. The first cause wins; later calls do nothing and return false.
     pub fn declare(&self, cause: LossCause) -> bool {
-        let first = self.state.cause.set(cause).is_ok();
+        let first = self.state.cause.set(cause.clone()).is_ok();
         if first && let Some(token) = &*crate::sync::lock(&self.state.token) {
             token.cancel();
         }
+        if first {
+            let followers = std::mem::take(&mut *crate::sync::lock(&self.state.followers));
+            for follower in followers {
+                follower.declare(cause.clone());
+            }
+        }
         first
+    }
+
+    /// Makes `follower` fire whenever this signal is declared, at that moment (at once if it
+    /// already was).
+    pub(crate) fn forward_to(&self, follower: &LossSignal) {
+        let mut followers = crate::sync::lock(&self.state.followers);
+        // Checked under the lock `declare` takes after setting the cause: a cause set from
+        // now on finds the follower in the list.
+        match self.state.cause.get() {
+            Some(cause) => {
+                drop(followers);
+                follower.declare(cause.clone());
+            }
+            None => followers.push(follower.clone()),
+        }
     }
 
     /// The signal of a lock held on a session that `liveness` describes (`None`: no expiry).
