@@ -10,8 +10,9 @@
 //! ```
 //!
 //! Cases use random keys, so they can run in parallel against one shared database. They check
-//! what the trait promises for one holder: they do not check cross-process exclusion, crash
-//! release or fairness, which are properties of an implementation.
+//! what the trait promises for one holder; exclusion between holders is the business of the
+//! cases [across managers](#across-managers). Neither checks crash release or fairness, which
+//! are properties of an implementation.
 //!
 //! The first nine cases (`python.rs`) are those of the Python original's conformance suite;
 //! the rest pin the properties pglock adds, one file per theme (`guards.rs`, `turns.rs`,
@@ -20,6 +21,43 @@
 //! taking turns (sibling futures of one task included), nested critical sections refused at
 //! once, the listing of held locks with their ages, several keys taken at once, and
 //! [`Semaphore`](pglock::semaphore::Semaphore)s built on the manager.
+//!
+//! # Across managers
+//!
+//! A manager passes every case above even if its locks keep out nobody but its own callers:
+//! one manager, however many tasks use it, is one holder. The cases across managers
+//! (`across.rs`, listed by [`peer_cases`]) take [`Peers`]: two or more managers on one
+//! backend, each a holder of its own, standing for the replicas of a service. They check that
+//! an exclusive lock of one keeps the other out (its try is busy, its bounded acquisition
+//! times out), that shared and exclusive exclude each other both ways while sharers of
+//! different managers coexist, that a waiter of one manager is granted promptly (within two
+//! seconds) once the other lets go by a release, a dropped guard or `release_all`, and never
+//! before, and that keys held as a set (`acquire_all`, `with_locks`) each keep the other out.
+//!
+//! Give [`conformance_peer_tests!`](crate::conformance_peer_tests) a factory of peers on a
+//! backend of their own (or on a shared one: the keys are random), such as two managers of
+//! yours built on separate connection pools of one database:
+//!
+//! ```
+//! mod peers {
+//!     use pglock::{InMemoryLockManager, InMemoryLockServer};
+//!     use pglock_testing::conformance::Peers;
+//!
+//!     pglock_testing::conformance_peer_tests!(|| async {
+//!         let server = InMemoryLockServer::new();
+//!         Peers::new(["a", "b"].map(|id| {
+//!             InMemoryLockManager::builder().server(&server).holder_id(id).build()
+//!         }))
+//!     });
+//! }
+//! ```
+//!
+//! One more case ([`take_away_cases`]) checks what the others see when a lock is lost: the
+//! holder is told and forgets it, the other manager's waiter gets it, and the first manager
+//! does not go on excluding the new holder. It needs a way to take a lock away from a manager
+//! behind its back, which only the backend knows: give the peers a hook with
+//! [`Peers::take_away_with`] (for PostgreSQL advisory locks, [`terminate_holders`] ends the
+//! holding session) and add `, take_away` to the macro's arguments.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -28,17 +66,21 @@ use std::time::Duration;
 
 use pglock::{LockManager, LockManagerExt, LockMode};
 
+mod across;
 mod guards;
 mod kinds;
 mod listing;
+mod peers;
 mod python;
 mod semaphores;
 mod sets;
 mod turns;
 
+pub use across::*;
 pub use guards::*;
 pub use kinds::*;
 pub use listing::*;
+pub use peers::*;
 pub use python::*;
 pub use semaphores::*;
 pub use sets::*;
