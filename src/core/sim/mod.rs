@@ -18,7 +18,7 @@
 //!
 //! Replay a seed, printing its trace:
 //! `PGLOCK_SIM_SEED=<seed> [PGLOCK_SIM_BUG=<bug>] cargo test -p pglock --lib core::sim::replay -- --nocapture`.
-//! Explore more seeds: `PGLOCK_SIM_SEEDS=<count> cargo test --release -p pglock --lib core::sim -- --nocapture`.
+//! Explore more seeds: `PGLOCK_SIM_SEEDS=<count> [PGLOCK_SIM_FIRST=<seed>] cargo test --release -p pglock --lib core::sim::seeded -- --nocapture`.
 
 mod callers;
 mod plant;
@@ -103,8 +103,9 @@ fn explore(first: u64, count: u64) -> u64 {
 #[test]
 fn seeded_schedules_keep_every_invariant() {
     let count = env_u64("PGLOCK_SIM_SEEDS").unwrap_or(FIXED_SEEDS);
+    let first = env_u64("PGLOCK_SIM_FIRST").unwrap_or(0);
     let started = WallClock::now();
-    let steps = explore(0, count);
+    let steps = explore(first, count);
     let random = rand_seed();
     println!(
         "random seeds from {random} (replay one with {})",
