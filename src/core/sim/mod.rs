@@ -5,13 +5,14 @@
 //! try, nest, take several keys, let go by each of a guard's three exits, call `release_all`, and
 //! are cancelled at random moments. It runs on a current-thread runtime with a paused clock and
 //! one seeded random source, so a seed is a schedule: the same seed replays the same trace.
-//! Between steps the invariants are checked (see `World::invariants` and `World::settle`).
+//! Between steps the invariants are checked (`invariants.rs`), and at the end `World::settle`.
 //!
 //! | file | what it holds |
 //! | --- | --- |
 //! | `mod.rs` | running seeds, and the tests |
 //! | `server.rs` | the simulated server, its faults, and the backend the engine runs on |
-//! | `world.rs` | a world: managers, beliefs, the nemesis, the invariants |
+//! | `world.rs` | a world: managers, callers' beliefs, the nemesis, the end of the world |
+//! | `invariants.rs` | what is checked between steps |
 //! | `callers.rs` | the callers' random programs |
 //! | `plant.rs` | known bugs to plant, to show the simulation finds them |
 //! | `rng.rs` | the seeded random source |
@@ -21,6 +22,7 @@
 //! Explore more seeds: `PGLOCK_SIM_SEEDS=<count> [PGLOCK_SIM_FIRST=<seed>] cargo test --release -p pglock --lib core::sim::seeded -- --nocapture`.
 
 mod callers;
+mod invariants;
 mod plant;
 mod rng;
 mod server;

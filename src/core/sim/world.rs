@@ -1,7 +1,6 @@
 //! One simulated world: managers on a simulated server, callers running random programs, a
 //! nemesis, and the invariants checked as it runs.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -9,7 +8,7 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep};
 
 use super::rng::Rng;
-use super::server::{Faults, SimBackend, SimServer, token_key};
+use super::server::{Faults, SimBackend, SimServer};
 use crate::core::{Budget, Core, HandoffLimits, Options};
 use crate::{
     Error, HeldLock, LockGuard, LockKey, LockManager, LockManagerExt, LockMode, LossCause,
@@ -21,8 +20,8 @@ const MANAGERS: usize = 2;
 const CALLERS: usize = 3;
 pub(super) const OPS: usize = 6;
 const KEYS: [&str; 3] = ["k0", "k1", "k2"];
-const BUDGET: usize = 3;
-const HANDOFF: HandoffLimits = HandoffLimits {
+pub(super) const BUDGET: usize = 3;
+pub(super) const HANDOFF: HandoffLimits = HandoffLimits {
     max_handoffs: 2,
     max_hold: Duration::from_millis(40),
 };
@@ -73,18 +72,18 @@ impl std::fmt::Debug for Core<SimBackend> {
 }
 
 /// What a caller believes it holds, from the acquisition's return until it lets go.
-struct Belief {
-    who: String,
-    key: LockKey,
-    mode: LockMode,
-    token: i64,
-    signal: LossSignal,
+pub(super) struct Belief {
+    pub(super) who: String,
+    pub(super) key: LockKey,
+    pub(super) mode: LockMode,
+    pub(super) token: i64,
+    pub(super) signal: LossSignal,
     /// The signal is a set's, which fires when any of its keys goes.
-    of_a_set: bool,
-    active: bool,
+    pub(super) of_a_set: bool,
+    pub(super) active: bool,
     /// When the acquisition returned: a lock whose session ended before is signalled by the
     /// detector as soon as it runs, which may be just after the caller got its guard.
-    since: Instant,
+    pub(super) since: Instant,
 }
 
 /// Ends a belief when dropped: the caller let go, or was cancelled.
@@ -101,9 +100,9 @@ impl Drop for Believing {
 
 pub(crate) struct World {
     pub(crate) rng: Arc<Rng>,
-    server: Arc<SimServer>,
-    managers: Vec<Arc<SimManager>>,
-    beliefs: Mutex<Vec<Belief>>,
+    pub(super) server: Arc<SimServer>,
+    pub(super) managers: Vec<Arc<SimManager>>,
+    pub(super) beliefs: Mutex<Vec<Belief>>,
     /// Keys a caller leaked into a manager's registry and has not released yet.
     leaked: Mutex<Vec<(usize, LockKey)>>,
     violation: Mutex<Option<String>>,
@@ -387,107 +386,6 @@ impl World {
                 }
             }
         }
-    }
-
-    /// The invariants, checked between two steps of the world.
-    fn check(&self) {
-        if let Err(what) = self.invariants() {
-            self.violate(what);
-        }
-    }
-
-    fn invariants(&self) -> std::result::Result<(), String> {
-        let now = Instant::now();
-        // What the server holds: the only truth about who holds a lock.
-        let (sessions, tokens) = {
-            let state = self.server.state();
-            for (target, holders) in &state.locks {
-                if holders.exclusive.is_some() && !holders.shared.is_empty() {
-                    return Err(format!("server: {target} exclusive and shared at once"));
-                }
-            }
-            let sessions: Vec<_> = state
-                .sessions
-                .iter()
-                .map(|s| (s.holding, s.mode, s.ended.clone(), s.manager))
-                .collect();
-            (sessions, state.token_session.clone())
-        };
-        // What callers believe: every live belief is backed by its session on the server, a
-        // lock that went is signalled, and no two callers hold a key exclusively.
-        let mut holding: BTreeMap<String, Vec<(String, LockMode)>> = BTreeMap::new();
-        for belief in crate::sync::lock(&self.beliefs).iter() {
-            let target = belief.key.target().packed();
-            let session = tokens[&token_key(target, belief.token)];
-            let (on_server, mode, ended, _) = &sessions[session];
-            let cause = belief.signal.cause();
-            if cause == Some(LossCause::SessionClosed) && ended.is_none() && !belief.of_a_set {
-                return Err(format!(
-                    "{} told its lock on {} was lost, but its session never ended",
-                    belief.who, belief.key
-                ));
-            }
-            if !belief.active || cause.is_some() {
-                continue;
-            }
-            if let Some((cause, at)) = ended {
-                // The detector runs before the clock moves on; so once it has moved, a lock
-                // that went must have been signalled.
-                if now > (*at).max(belief.since) {
-                    return Err(format!(
-                        "{} still believes it holds {} (token {}, session {session}) although its session ended ({cause:?}) {:?} ago, untold",
-                        belief.who,
-                        belief.key,
-                        belief.token,
-                        now - *at
-                    ));
-                }
-                continue;
-            }
-            if !on_server || *mode != belief.mode {
-                return Err(format!(
-                    "{} believes it holds {} ({:?}, token {}) but the server does not (session {session}: holding {on_server}, {mode:?})",
-                    belief.who, belief.key, belief.mode, belief.token
-                ));
-            }
-            let key = belief.key.to_string();
-            holding
-                .entry(key)
-                .or_default()
-                .push((belief.who.clone(), belief.mode));
-        }
-        for (key, holders) in &holding {
-            let exclusive = holders.iter().any(|(_, m)| *m == LockMode::Exclusive);
-            if exclusive && holders.len() > 1 {
-                return Err(format!("{key} held by {holders:?} at once"));
-            }
-        }
-        // Each registry matches the server, keeps its handoff limit and its budget.
-        for (m, manager) in self.managers.iter().enumerate() {
-            let used = manager.core.budget.used();
-            if used > BUDGET {
-                return Err(format!("m{m} uses {used} budget places of {BUDGET}"));
-            }
-            let state = manager.core.state();
-            for (key, held) in &state.held {
-                let (on_server, _, ended, owner) = &sessions[held.session.id];
-                if *owner != m {
-                    return Err(format!("m{m} registers {key} on m{owner}'s session"));
-                }
-                if ended.is_none() && !on_server {
-                    return Err(format!(
-                        "m{m} registers {key} on a session the server let go"
-                    ));
-                }
-                if held.handoffs > HANDOFF.max_handoffs {
-                    return Err(format!(
-                        "m{m} {key} handed over {} times, past its limit of {}",
-                        held.handoffs, HANDOFF.max_handoffs
-                    ));
-                }
-            }
-        }
-        Ok(())
     }
 }
 
