@@ -29,9 +29,12 @@ const EVENTUALLY: Duration = Duration::from_secs(10);
 /// How often a waiting backend checks that its client is still there (the manager sets
 /// `client_connection_check_interval` for each wait).
 const CLIENT_CHECK: Duration = Duration::from_millis(200);
-/// Room on top of a documented bound: closing the connection, the backend's exit, the
-/// observer's polling, and the scheduling of a machine whose two cores are busy.
-const SLACK: Duration = Duration::from_millis(100);
+/// Room on top of the check interval for an abandoned wait to be seen gone: closing the
+/// connection, the backend's exit, the observer's polling (every 10 ms, a query each time),
+/// and the scheduling of a machine whose two cores are busy with other work. A server that
+/// checked every second instead (the manager's setting lost) would be seen after about
+/// 1,000 ms: the room keeps the bound, 400 ms, well below that.
+const SLACK: Duration = Duration::from_millis(200);
 
 /// Drives `operation` until the hook parks it, then drops it there.
 async fn cancel_when_parked<F: Future>(operation: F, pause: &pglock_testing::Pause, stage: Stage)

@@ -22,6 +22,11 @@ const GRACE: Duration = Duration::from_millis(400);
 /// machine whose two cores are busy with other work. Half an interval, so a loss reported an
 /// interval late fails the test.
 const SLACK: Duration = Duration::from_millis(100);
+/// Room on top of interval + grace for a loss found by a ping left unanswered: two timers run
+/// out one after the other (the ping's, then its grace), and the monitor and the test wake up,
+/// on a machine whose two cores are busy with other work. Three quarters of an interval: a
+/// loss declared an interval late (at 800 ms) still fails.
+const UNANSWERED_SLACK: Duration = Duration::from_millis(150);
 /// How long a test waits for a signal before it fails instead of hanging.
 const BOUND: Duration = Duration::from_secs(10);
 
@@ -165,11 +170,12 @@ async fn a_network_blackhole_is_reported_within_interval_and_grace() {
     let reported = silent_at.elapsed();
     println!("blackhole: lock reported lost after {reported:?}");
     assert_eq!(cause, LossCause::Unverifiable);
-    // The session is pinged at most an interval after it was last heard (no earlier than the
+    // The session is pinged at most an interval after it was last heard (no later than the
     // blackhole), and given up when the ping has gone unanswered for the grace.
     assert!(
-        reported <= PROBE + GRACE + SLACK,
-        "reported {reported:?} after the blackhole, more than interval + grace ({:?}) + {SLACK:?}",
+        reported <= PROBE + GRACE + UNANSWERED_SLACK,
+        "reported {reported:?} after the blackhole, more than interval + grace ({:?}) + \
+         {UNANSWERED_SLACK:?}",
         PROBE + GRACE
     );
     assert!(!locks.is_held(&key).await);

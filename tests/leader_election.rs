@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use common::clock::now_us;
 use common::{app_name, lock_rows, observer, pool_named};
 use pglock::leader::Error as LeaderError;
 use pglock::{
@@ -906,6 +907,12 @@ const WRITE_PAUSE: Duration = Duration::from_millis(5);
 /// write has been seen rejected.
 const MIN_KILLS: usize = 6;
 const MAX_KILLS: usize = 20;
+/// Room on top of a bound timed in a candidate process (against the kill, or against its own
+/// previous attempt): the killed backend's exit, then a timer running out in the candidate and
+/// its runtime getting a core back, on a machine whose two cores run three candidate
+/// processes, the server and this test, and other work besides. Half a retry interval: a
+/// follower that waited twice the interval would be outside it.
+const WAKE_ROOM: Duration = Duration::from_millis(100);
 /// A candidate process's role, passed on its command line (libtest takes it for a filter that
 /// matches no test): an argument, unlike an environment variable, cannot leak into the test
 /// run that spawns the candidates and turn it into one.
@@ -1007,19 +1014,124 @@ async fn write_while_leading(db: PgPool, tables: Tables, info: LockInfo) -> Infa
     }
 }
 
-/// One candidate's life: lead whenever elected; count the terms lost.
-async fn candidate_loop(election: Arc<LeaderElection>, db: PgPool, tables: Tables) -> usize {
+/// One acquisition a candidate's campaign made: when it began and ended (`clock::now_us`), when
+/// it began by the wall clock (microseconds since the epoch, the clock the server's
+/// `clock_timestamp()` reads), and whether it was granted.
+#[derive(Debug, Clone, Copy)]
+struct Asked {
+    began_us: u64,
+    ended_us: u64,
+    began_wall_us: i64,
+    granted: bool,
+}
+
+/// A candidate's lock manager, recording every acquisition its campaign makes: when the
+/// campaign acts is what the failover bound is about, and this sees it without a round trip.
+#[derive(Debug)]
+struct Recorded {
+    inner: PostgresLockManager,
+    asked: Mutex<Vec<Asked>>,
+}
+
+impl Recorded {
+    /// When the acquisition that won the current term began, by the wall clock: the campaign
+    /// makes none while it leads, so it is the last one.
+    fn winning_attempt_wall_us(&self) -> i64 {
+        let asked = self.asked.lock().unwrap();
+        let last = asked.last().expect("a term follows an acquisition");
+        assert!(last.granted, "{last:?}");
+        last.began_wall_us
+    }
+
+    /// The waits between a failed attempt and the next one, in microseconds.
+    fn retry_gaps_us(&self) -> Vec<u64> {
+        let asked = self.asked.lock().unwrap();
+        asked
+            .windows(2)
+            .filter(|pair| !pair[0].granted)
+            .map(|pair| pair[1].began_us - pair[0].ended_us)
+            .collect()
+    }
+}
+
+#[async_trait]
+impl LockManager for Recorded {
+    async fn lock(
+        &self,
+        key: &LockKey,
+        options: AcquireOptions,
+    ) -> pglock::Result<Option<LockGuard>> {
+        let (began_us, began_wall_us) = (now_us(), wall_us());
+        let result = self.inner.lock(key, options).await;
+        self.asked.lock().unwrap().push(Asked {
+            began_us,
+            ended_us: now_us(),
+            began_wall_us,
+            granted: matches!(result, Ok(Some(_))),
+        });
+        result
+    }
+
+    async fn unlock(&self, key: &LockKey) -> pglock::Result<()> {
+        self.inner.unlock(key).await
+    }
+
+    async fn release_all(&self) -> pglock::Result<usize> {
+        self.inner.release_all().await
+    }
+
+    async fn holds(&self, key: &LockKey) -> bool {
+        self.inner.holds(key).await
+    }
+
+    async fn held_locks(&self) -> Vec<pglock::HeldLock> {
+        self.inner.held_locks().await
+    }
+
+    fn held_lock_count(&self) -> usize {
+        self.inner.held_lock_count()
+    }
+
+    fn holder_id(&self) -> &str {
+        self.inner.holder_id()
+    }
+}
+
+/// Microseconds since the epoch by the machine's wall clock, which the server's
+/// `clock_timestamp()` reads too.
+fn wall_us() -> i64 {
+    chrono::Utc::now().timestamp_micros()
+}
+
+/// One candidate's life: lead whenever elected; count the terms lost. Prints `WON {id}
+/// {token} {us}` as a term starts (when its winning attempt began) and `LOST {id} {us}` as a
+/// term ends in a loss (when the loss reached the candidate), `us` read from `wall_us`.
+async fn candidate_loop(
+    election: Arc<LeaderElection>,
+    locks: Arc<Recorded>,
+    db: PgPool,
+    tables: Tables,
+) -> usize {
     let mut lost = 0;
     loop {
-        let work = |info| write_while_leading(db.clone(), tables.clone(), info);
+        let work = |info: LockInfo| {
+            println!(
+                "WON {} {} {}",
+                info.holder_id,
+                info.fencing_token.expect("fencing is on"),
+                locks.winning_attempt_wall_us()
+            );
+            write_while_leading(db.clone(), tables.clone(), info)
+        };
         match election.run_as_leader(work).await {
             Ok(never) => match never {},
             Err(LeaderError::Lock(Error::LockLost {
                 cause: LossCause::NotOnServer,
                 ..
             })) => {
+                let noticed_us = wall_us();
                 lost += 1;
-                println!("LOST {}", election.holder_id());
+                println!("LOST {} {noticed_us}", election.holder_id());
             }
             Err(LeaderError::Stopped { .. }) => return lost,
             Err(other) => panic!("unexpected end of a term: {other}"),
@@ -1034,15 +1146,19 @@ async fn act_as_candidates(spec: &str) -> ! {
     let db = pool_named(CANDIDATES_PER_PROCESS as u32 + 1, "pglock-leader-writes").await;
     let mut elections = Vec::new();
     let mut loops = Vec::new();
+    let mut managers = Vec::new();
     for _ in 0..CANDIDATES_PER_PROCESS {
-        let locks = PostgresLockManager::builder(pool_named(2, &app_name("leader")).await)
-            .fencing(FencingTable::new(&tables.tokens).expect("valid name"))
-            .probe_interval(PROBE)
-            .probe_grace(Duration::from_secs(1))
-            .build();
+        let locks = Arc::new(Recorded {
+            inner: PostgresLockManager::builder(pool_named(2, &app_name("leader")).await)
+                .fencing(FencingTable::new(&tables.tokens).expect("valid name"))
+                .probe_interval(PROBE)
+                .probe_grace(Duration::from_secs(1))
+                .build(),
+            asked: Mutex::new(Vec::new()),
+        });
         // No holder id given: each candidate campaigns with the manager's default identity.
         let election = Arc::new(
-            LeaderElection::builder(Arc::new(locks), name)
+            LeaderElection::builder(locks.clone(), name)
                 .retry_interval(FAILOVER_RETRY)
                 .jitter(FAILOVER_JITTER)
                 .start(),
@@ -1050,10 +1166,12 @@ async fn act_as_candidates(spec: &str) -> ! {
         println!("CANDIDATE {}", election.holder_id());
         loops.push(tokio::spawn(candidate_loop(
             Arc::clone(&election),
+            Arc::clone(&locks),
             db.clone(),
             tables.clone(),
         )));
         elections.push(election);
+        managers.push(locks);
     }
     let mut rest = Vec::new();
     tokio::io::stdin()
@@ -1069,7 +1187,13 @@ async fn act_as_candidates(spec: &str) -> ! {
     for candidate in loops {
         lost += candidate.await.expect("candidate loop");
     }
-    println!("DONE lost={lost}");
+    let gaps: Vec<u64> = managers.iter().flat_map(|m| m.retry_gaps_us()).collect();
+    println!(
+        "DONE lost={lost} gaps={} min_gap_us={} max_gap_us={}",
+        gaps.len(),
+        gaps.iter().min().copied().unwrap_or(u64::MAX),
+        gaps.iter().max().copied().unwrap_or(0)
+    );
     std::process::exit(0);
 }
 
@@ -1170,9 +1294,9 @@ async fn leadership_fails_over_across_processes_and_the_fence_holds() {
         }
     }
 
-    let expected_failover =
-        FAILOVER_RETRY.mul_f64(1.0 + FAILOVER_JITTER) + PROBE + Duration::from_millis(50);
-    let (mut failovers, mut detections) = (Vec::new(), Vec::new());
+    // Terms started so far, by token: the winner, and when its winning attempt began.
+    let mut won: HashMap<i64, (String, i64)> = HashMap::new();
+    let (mut failovers, mut elections, mut detections) = (Vec::new(), Vec::new(), Vec::new());
     let (mut kills, mut killed_tokens) = (0, Vec::new());
     let log = &tables.log;
     loop {
@@ -1201,6 +1325,9 @@ async fn leadership_fails_over_across_processes_and_the_fence_holds() {
         let tag: String = format!("pglock:{candidate}").chars().take(63).collect();
         assert_eq!(app, tag, "the lock holder is the leader the log shows");
 
+        // The clock starts as the server signals the leader's backend, by its clock: the lock
+        // cannot be freed earlier, and a test held up before it cannot count against the
+        // candidates.
         let (terminated, killed_at): (bool, chrono::DateTime<chrono::Utc>) =
             sqlx::query_as("SELECT pg_terminate_backend($1), clock_timestamp()")
                 .bind(rows[0].pid)
@@ -1208,7 +1335,6 @@ async fn leadership_fails_over_across_processes_and_the_fence_holds() {
                 .await
                 .expect("terminate");
         assert!(terminated);
-        let killed = Instant::now();
         kills += 1;
         killed_tokens.push(token);
 
@@ -1226,19 +1352,38 @@ async fn leadership_fails_over_across_processes_and_the_fence_holds() {
             })
             .await;
         let failover = (first_at - killed_at).to_std().unwrap_or_default();
-        // The deposed leader hears of it, and it alone: its term ends as a loss.
-        let (loser, noticed) = loop {
-            let (_, line, at) = next_line(&mut lines).await;
-            if let Some((_, who)) = line.split_once("LOST ") {
-                break (who.to_owned(), at.duration_since(killed));
+        // The deposed leader hears of it, and it alone: its term ends as a loss. The next
+        // leader says when its winning attempt began. Both are timed where they happen, by the
+        // wall clock that the server's `clock_timestamp()` reads too.
+        let mut loss = None;
+        while loss.is_none() || !won.contains_key(&next) {
+            let (_, line, _) = next_line(&mut lines).await;
+            if let Some((_, rest)) = line.split_once("LOST ") {
+                let (who, at) = rest.rsplit_once(' ').expect("LOST {id} {us}");
+                assert!(loss.is_none(), "one loss a kill: {line}");
+                loss = Some((who.to_owned(), at.parse::<i64>().expect("us")));
+            } else if let Some((_, rest)) = line.split_once("WON ") {
+                let mut fields = rest.split(' ');
+                let (who, term, at) = (fields.next(), fields.next(), fields.next());
+                let term: i64 = term.expect("WON {id} {token} {us}").parse().expect("token");
+                let at: i64 = at.expect("WON {id} {token} {us}").parse().expect("us");
+                won.insert(term, (who.expect("an id").to_owned(), at));
             }
-        };
+        }
+        let (loser, noticed_us) = loss.expect("a loss");
         assert_eq!(loser, candidate, "the killed leader lost its term");
+        let kill_us = killed_at.timestamp_micros();
+        let since_kill = |us: i64| Duration::from_micros(u64::try_from(us - kill_us).unwrap_or(0));
+        let noticed = since_kill(noticed_us);
+        // An attempt that began just before the kill, and reached the server after it, wins
+        // at "zero".
+        let elected = since_kill(won[&next].1);
         println!(
-            "kill {kills}: token {token} -> {next}, first write after {failover:?}; \
-             the deposed leader noticed after {noticed:?}"
+            "kill {kills}: token {token} -> {next}, the winning attempt began after {elected:?}, \
+             first write after {failover:?}; the deposed leader noticed after {noticed:?}"
         );
         failovers.push(failover);
+        elections.push(elected);
         detections.push(noticed);
 
         let rejected: i64 =
@@ -1257,10 +1402,22 @@ async fn leadership_fails_over_across_processes_and_the_fence_holds() {
         drop(child.stdin.take());
     }
     let mut done = 0;
+    let (mut gaps, mut min_gap, mut max_gap) = (0, u64::MAX, 0);
     while done < PROCESSES {
         let (_, line, _) = next_line(&mut lines).await;
-        if let Some((_, n)) = line.split_once("DONE lost=") {
-            lost += n.parse::<usize>().expect("a count");
+        if let Some((_, report)) = line.split_once("DONE ") {
+            let field = |name: &str| -> u64 {
+                report
+                    .split(' ')
+                    .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+                    .unwrap_or_else(|| panic!("{name} in {report}"))
+                    .parse()
+                    .expect("a number")
+            };
+            lost += usize::try_from(field("lost")).expect("a count");
+            gaps += field("gaps");
+            min_gap = min_gap.min(field("min_gap_us"));
+            max_gap = max_gap.max(field("max_gap_us"));
             done += 1;
         }
     }
@@ -1351,34 +1508,77 @@ async fn leadership_fails_over_across_processes_and_the_fence_holds() {
         "deposed leaders attempted writes after their successors' (and were rejected)"
     );
 
-    failovers.sort();
-    let max = *failovers.last().expect("kills");
+    // A new leader within the retry interval (with jitter) of the lock's freeing: every
+    // follower tries again at most that long after its last attempt, and the first attempt to
+    // find the lock free wins. Both are timed in the candidates, as the campaign acts.
+    let longest_wait = FAILOVER_RETRY.mul_f64(1.0 + FAILOVER_JITTER);
+    let (min_gap, max_gap) = (
+        Duration::from_micros(min_gap),
+        Duration::from_micros(max_gap),
+    );
     println!(
-        "failover (kill to the next leader's first accepted write) over {kills} kills: \
-         min={:?} p50={:?} max={max:?}; expected at most {expected_failover:?} \
-         (retry {FAILOVER_RETRY:?} + {:.0}% jitter + probe {PROBE:?} + a round trip)",
-        failovers[0],
-        failovers[failovers.len() / 2],
+        "followers' waits between attempts over {gaps} retries: min={min_gap:?} \
+         max={max_gap:?}; expected {FAILOVER_RETRY:?} to {longest_wait:?} + {WAKE_ROOM:?}"
+    );
+    assert!(gaps > 0, "followers retried");
+    assert!(
+        min_gap >= FAILOVER_RETRY,
+        "a follower tried again {min_gap:?} after its last attempt, before the retry interval"
+    );
+    assert!(
+        max_gap <= longest_wait + WAKE_ROOM,
+        "a follower waited {max_gap:?} between attempts, more than {longest_wait:?} + \
+         {WAKE_ROOM:?}"
+    );
+    elections.sort();
+    let slowest = *elections.last().expect("kills");
+    println!(
+        "winning attempt after the kill over {kills} kills: min={:?} p50={:?} max={slowest:?}; \
+         expected at most {longest_wait:?} (retry {FAILOVER_RETRY:?} + {:.0}% jitter) + \
+         {WAKE_ROOM:?}",
+        elections[0],
+        elections[elections.len() / 2],
         FAILOVER_JITTER * 100.0
     );
     assert!(
-        max <= expected_failover,
-        "slowest failover {max:?} exceeds {expected_failover:?}"
+        slowest <= longest_wait + WAKE_ROOM,
+        "the next leader's winning attempt began {slowest:?} after the kill, more than \
+         {longest_wait:?} + {WAKE_ROOM:?}"
     );
+    // The whole failover, from the kill to the next leader's first accepted write (by the
+    // server's clock): the winning attempt, then its round trip, the start of the term and
+    // the write's round trip, each of which a busy two-core machine can hold up (the whole was
+    // seen at 493 ms with this file's other tests running). Room for those, well short of
+    // anything waiting for the deposed leader (its probe grace is 1 s).
+    failovers.sort();
+    let max = *failovers.last().expect("kills");
+    let whole = longest_wait + Duration::from_millis(400);
+    println!(
+        "failover (kill to the next leader's first accepted write) over {kills} kills: \
+         min={:?} p50={:?} max={max:?}; expected at most {whole:?}",
+        failovers[0],
+        failovers[failovers.len() / 2],
+    );
+    assert!(max <= whole, "slowest failover {max:?} exceeds {whole:?}");
     detections.sort();
+    let p50 = detections[detections.len() / 2];
     let slowest = *detections.last().expect("kills");
     println!(
-        "loss noticed by the deposed leader (as its process reported it): min={:?} p50={:?} \
+        "loss noticed by the deposed leader (in its process): min={:?} p50={p50:?} \
          max={slowest:?} (probe {PROBE:?})",
         detections[0],
-        detections[detections.len() / 2]
     );
-    // An interval and a round trip, with room for the report's way through a pipe from a
-    // process that shares two busy cores with four others.
-    let bound = PROBE + Duration::from_millis(100);
+    // The leader's session is pinged an interval after it was last heard (at its grant, for a
+    // young term), and the kill comes some way into that interval, after the leader's fifth
+    // write: the loss is noticed within an interval and a round trip of the kill, and on the
+    // median well inside the interval (seen at 50 to 70 ms). Every kill within that, with
+    // `WAKE_ROOM` and a half more for a busy machine; the median within the interval, which a
+    // loss noticed a probe late (an interval more, in every kill) would exceed.
+    let bound = PROBE + WAKE_ROOM + WAKE_ROOM / 2;
     assert!(
         slowest <= bound,
         "slowest detection {slowest:?} exceeds {bound:?}"
     );
+    assert!(p50 <= PROBE, "median detection {p50:?} exceeds {PROBE:?}");
     tables.drop_all(&db).await;
 }
