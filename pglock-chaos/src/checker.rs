@@ -1,13 +1,25 @@
-//! Checks a history: safety anomalies, and how soon the workload made progress after faults.
+//! Checks a history: safety anomalies, the lock operations against a model, and how soon the
+//! workload made progress after faults.
 //!
-//! [`check`] reads the whole history at once, as Jepsen's checkers do. Safety is judged from
-//! what the fenced resource accepted (the `resource_*` records, and increments and job runs
-//! the workers saw succeed): two overlapping critical sections, a write accepted under a token
-//! older than one already accepted, a counter outside what the increments allow, a leader's
-//! log appended to by an older term after a newer one, a job window run twice. Liveness is
-//! judged per fault: the time from its heal to the next successful operation of any worker.
-//! [`frozen_holders`] checks the silent-holder bound: that a lock held by a frozen worker went
-//! to a running one in time.
+//! [`check`] reads the whole history at once, as Jepsen's checkers do. Safety has three parts:
+//!
+//! * **What the holders saw** ([`AnomalyKind::OverlappingSections`]): two holds of one key that
+//!   pglock let overlap, judged from each task's own view of its hold (from being told it had
+//!   the lock to its confirmed release), with the writes each made meanwhile, accepted or
+//!   refused.
+//! * **The model** ([`AnomalyKind::NotLinearizable`]): every key's acquisitions and releases
+//!   must fit a mutex (a reader-writer lock where readers took the key too), searched with
+//!   [`crate::linearize`]; operations whose outcome is unknown may or may not have taken
+//!   effect.
+//! * **What the fenced resource accepted**, in its own order: a section start accepted inside
+//!   another section, a write accepted under a token older than one already accepted, a
+//!   counter outside what the increments allow, a leader's log appended to by an older term
+//!   after a newer one, a job window run twice.
+//!
+//! Liveness is judged per fault: the time from its heal to the next successful operation of
+//! the worker it was aimed at (of any worker after the server's faults). [`frozen_holders`]
+//! checks the silent-holder bound: that a lock held by a frozen worker went to a running one
+//! in time.
 //!
 //! ```no_run
 //! use pglock_chaos::checker::{Bounds, check};
@@ -28,11 +40,16 @@
 //! ```
 
 mod display;
+mod holds;
 mod liveness;
+mod model;
+mod overlap;
 mod safety;
 mod settle;
 mod silence;
 
+pub use holds::{Ending, Hold, HoldCounts, holds};
+pub use model::{KeyModel, MAX_STEPS, ModelOutcome};
 pub use settle::settled;
 pub use silence::{FrozenHolders, frozen_holders};
 
@@ -85,8 +102,14 @@ impl Bounds {
 /// The kinds of safety anomaly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum AnomalyKind {
-    /// Two accepted critical sections on one key overlapped at the resource.
+    /// Two holds of one key overlapped although pglock confirmed one or both of them held it:
+    /// the lock did not exclude (see [`Hold::surely_held`]).
     OverlappingSections,
+    /// A key's lock operations fit no order of a mutex (or reader-writer lock).
+    NotLinearizable,
+    /// The resource accepted a section start between another section's accepted start and
+    /// accepted end: the fence let a second holder in.
+    InterleavedSections,
     /// A fenced write was accepted under a token older than one accepted before it.
     StaleWrite,
     /// A fenced log took an append from an older term after one from a newer term.
@@ -99,8 +122,10 @@ pub enum AnomalyKind {
 
 impl AnomalyKind {
     /// Every kind, in the order reports list them.
-    pub const ALL: [AnomalyKind; 5] = [
+    pub const ALL: [AnomalyKind; 7] = [
         AnomalyKind::OverlappingSections,
+        AnomalyKind::NotLinearizable,
+        AnomalyKind::InterleavedSections,
         AnomalyKind::StaleWrite,
         AnomalyKind::TermOverlap,
         AnomalyKind::CounterMismatch,
@@ -111,6 +136,8 @@ impl AnomalyKind {
     pub fn name(self) -> &'static str {
         match self {
             AnomalyKind::OverlappingSections => "overlapping sections",
+            AnomalyKind::NotLinearizable => "not linearizable",
+            AnomalyKind::InterleavedSections => "sections interleaved at the resource",
             AnomalyKind::StaleWrite => "stale write accepted",
             AnomalyKind::TermOverlap => "overlapping leader terms",
             AnomalyKind::CounterMismatch => "counter mismatch",
@@ -247,6 +274,10 @@ pub struct Report {
     pub faults: BTreeMap<String, usize>,
     /// Safety anomalies, by kind then time.
     pub anomalies: Vec<Anomaly>,
+    /// How the granted acquisitions ended.
+    pub holds: HoldCounts,
+    /// The model's verdict, key by key.
+    pub model: Vec<KeyModel>,
     /// One entry per fault, in the order they were injected.
     pub recoveries: Vec<Recovery>,
     /// Recovery per kind of fault, by kind.
@@ -254,9 +285,21 @@ pub struct Report {
 }
 
 impl Report {
-    /// Whether the history is safe: no anomaly.
+    /// Whether the history is safe: no anomaly, and the model search decided every key.
     pub fn is_valid(&self) -> bool {
-        self.anomalies.is_empty()
+        self.anomalies.is_empty() && self.model_decided()
+    }
+
+    /// Whether the model search reached a verdict on every key.
+    pub fn model_decided(&self) -> bool {
+        self.model
+            .iter()
+            .all(|key| key.outcome != ModelOutcome::Undecided)
+    }
+
+    /// How many lock operations the model checked, over every key.
+    pub fn model_operations(&self) -> usize {
+        self.model.iter().map(|key| key.operations).sum()
     }
 
     /// Whether every fault was recovered from within its bound.
@@ -309,13 +352,21 @@ pub fn check(history: &[Record], bounds: &Bounds) -> Report {
         *faults.entry(fault_kind(fault).to_owned()).or_insert(0) += 1;
     }
     let recoveries = liveness::recoveries(history, bounds, last_us);
+    let holds = holds::holds(history);
+    let mut anomalies = Vec::new();
+    overlap::overlapping_holds(history, &holds, first_us, &mut anomalies);
+    let model = model::check(history, &holds, first_us, &mut anomalies);
+    safety::anomalies(history, first_us, &mut anomalies);
+    anomalies.sort_by_key(|a| (a.kind, a.records.first().map(|r| r.start_us)));
     Report {
         records: history.len(),
         first_us,
         last_us,
         op_counts: op_counts(history),
         faults,
-        anomalies: safety::anomalies(history, first_us),
+        anomalies,
+        holds: HoldCounts::of(history, &holds),
+        model,
         liveness: liveness::by_kind(&recoveries, bounds),
         recoveries,
     }

@@ -30,9 +30,23 @@ impl Cluster {
     ///
     /// When a server cannot be started.
     pub fn start() -> io::Result<Cluster> {
+        Cluster::start_with(true)
+    }
+
+    /// Starts a primary, and a synchronous standby if `standby` (a run without failovers can do
+    /// without, and starts a few seconds sooner). Blocking: call from `spawn_blocking`.
+    ///
+    /// # Errors
+    ///
+    /// When a server cannot be started.
+    pub fn start_with(standby: bool) -> io::Result<Cluster> {
         let primary = Arc::new(TempPostgres::start()?);
         primary.configure("synchronous_commit", "on")?;
-        let standby = Some(attach_standby(&primary)?);
+        let standby = if standby {
+            Some(attach_standby(&primary)?)
+        } else {
+            None
+        };
         Ok(Cluster {
             servers: Mutex::new(Servers { primary, standby }),
         })

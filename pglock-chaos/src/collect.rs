@@ -6,7 +6,7 @@ use std::io;
 use std::path::Path;
 use std::sync::Mutex;
 
-use crate::history::{HistoryWriter, Outcome, Record, now_us};
+use crate::history::{HistoryWriter, Op, Outcome, Record, now_us};
 
 /// Collects the records of a run.
 #[derive(Debug)]
@@ -17,8 +17,9 @@ pub struct Collector {
 #[derive(Debug)]
 struct State {
     records: Vec<Record>,
-    /// Each worker task's operation in flight, by (process, task).
-    in_flight: HashMap<(String, u32), Record>,
+    /// Each worker task's operations in flight, by (process, task, op): a task has at most
+    /// one of each kind at a time (a section, and the acquisition inside it).
+    in_flight: HashMap<(String, u32, Op), Record>,
     writer: HistoryWriter,
     problems: Vec<String>,
 }
@@ -60,7 +61,7 @@ impl Collector {
             Ok(record) => record,
             Err(err) => return self.problem(format!("unreadable report {line:?}: {err}")),
         };
-        let slot = (record.process.clone(), record.task);
+        let slot = (record.process.clone(), record.task, record.op);
         let mut state = self.lock();
         match kind {
             "I" => {
@@ -81,7 +82,7 @@ impl Collector {
         let slots: Vec<_> = state
             .in_flight
             .keys()
-            .filter(|(p, _)| p == process)
+            .filter(|(p, _, _)| p == process)
             .cloned()
             .collect();
         for slot in slots {

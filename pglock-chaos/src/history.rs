@@ -40,15 +40,24 @@ pub struct Record {
     pub value: Option<i64>,
     /// Free text: an error, the kind of fault.
     pub detail: Option<String>,
+    /// The lock holder the operation belongs to: a worker's task (`"w1-4242/0"`: worker, pid,
+    /// task). On the resource's records, the holder that made the write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    /// The resource's own order of its writes (the `resource_*` records), per run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
 }
 
 /// The kinds of operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Op {
-    /// A critical section under `with_lock`, whose start and end were written through a fenced
-    /// resource.
+    /// A critical section: the exclusive lock taken, its start and end written through a
+    /// fenced resource, the lock released.
     Section,
+    /// A reader's section: the lock taken in shared mode, held a while, released.
+    Read,
     /// A fenced read-modify-write increment of a counter (`value`: the value written).
     Increment,
     /// A leader's term, appending to a fenced log.
@@ -65,6 +74,16 @@ pub enum Op {
     ResourceAppend,
     /// The final value of a counter, read after the run (`value`).
     CounterFinal,
+    /// A task's exclusive acquisition of a lock, from the call to its return (`ok`: granted,
+    /// with its `token`; `info`: an error or a timeout, so it may have been granted).
+    Acquire,
+    /// A task's shared acquisition, as for [`Op::Acquire`].
+    AcquireShared,
+    /// The end of a granted acquisition (same `holder`, `key` and `token`), from the release's
+    /// call to its return: `ok` when pglock confirmed the release (the lock was held until
+    /// then), `fail` when it said the lock had been lost, `info` when the release could not be
+    /// confirmed.
+    Release,
 }
 
 /// How an operation ended, as Jepsen records it.
@@ -81,8 +100,9 @@ pub enum Outcome {
 
 impl Op {
     /// Every kind of operation, in the order reports list them.
-    pub const ALL: [Op; 9] = [
+    pub const ALL: [Op; 13] = [
         Op::Section,
+        Op::Read,
         Op::Increment,
         Op::Term,
         Op::Job,
@@ -91,12 +111,16 @@ impl Op {
         Op::ResourceEnd,
         Op::ResourceAppend,
         Op::CounterFinal,
+        Op::Acquire,
+        Op::AcquireShared,
+        Op::Release,
     ];
 
     /// The name the history spells it with (`"resource_start"`).
     pub fn name(self) -> &'static str {
         match self {
             Op::Section => "section",
+            Op::Read => "read",
             Op::Increment => "increment",
             Op::Term => "term",
             Op::Job => "job",
@@ -105,12 +129,23 @@ impl Op {
             Op::ResourceEnd => "resource_end",
             Op::ResourceAppend => "resource_append",
             Op::CounterFinal => "counter_final",
+            Op::Acquire => "acquire",
+            Op::AcquireShared => "acquire_shared",
+            Op::Release => "release",
         }
     }
 
     /// Whether it is a worker's unit of progress: what liveness waits for after a fault.
     pub fn is_progress(self) -> bool {
-        matches!(self, Op::Section | Op::Increment | Op::Term | Op::Job)
+        matches!(
+            self,
+            Op::Section | Op::Read | Op::Increment | Op::Term | Op::Job
+        )
+    }
+
+    /// Whether it is a lock's acquisition or release, which the model checker reads.
+    pub fn is_lock(self) -> bool {
+        matches!(self, Op::Acquire | Op::AcquireShared | Op::Release)
     }
 }
 
@@ -225,6 +260,8 @@ pub fn write_jsonl(path: impl AsRef<Path>, records: &[Record]) -> io::Result<()>
 ///     token: Some(7),
 ///     value: Some(42),
 ///     detail: None,
+///     holder: Some("w1-4242/0".to_owned()),
+///     seq: None,
 /// })?;
 /// # Ok(())
 /// # }

@@ -8,7 +8,8 @@
 //! | module | what it holds |
 //! | --- | --- |
 //! | [`history`] | the records of a run, one JSON object per line |
-//! | [`checker`] | anomalies and liveness, from a history |
+//! | [`checker`] | anomalies, the model's verdict and liveness, from a history |
+//! | [`linearize`] | whether lock operations fit a model: mutex, reader-writer, semaphore |
 //! | [`svg`] | a picture of a run's timeline, with its faults |
 //! | [`report`] | a checked run as markdown tables, for the docs |
 
@@ -17,10 +18,12 @@
 
 pub mod checker;
 pub mod history;
+pub mod linearize;
 pub mod report;
 pub mod svg;
 
 // The run: the servers, the workers and their workload, the nemesis.
+pub mod broken;
 pub mod cluster;
 pub mod collect;
 pub mod nemesis;

@@ -149,6 +149,9 @@ impl Nemesis {
 
     /// The next fault: a kind not yet injected if one can be now, else any that can.
     fn choose(&self, rng: &mut Rng, pending: &mut Vec<FaultKind>) -> Option<Plan> {
+        if self.kinds.is_empty() {
+            return None;
+        }
         let start = if pending.is_empty() {
             0
         } else {
@@ -207,6 +210,9 @@ impl Nemesis {
 
     /// Injects a fault, waits its length, heals it, and records it.
     async fn inject(&self, plan: Plan) {
+        if let (Some(slot), FaultKind::PauseLong) = (&plan.slot, plan.kind) {
+            self.until_holding(slot).await;
+        }
         let start = now_us();
         let result = match (&plan.slot, plan.kind) {
             (Some(slot), kind) => self.on_worker(slot, kind, plan.length, plan.pick).await,
@@ -233,6 +239,8 @@ impl Nemesis {
             token: None,
             value: Some(plan.length.as_millis() as i64),
             detail: Some(plan.kind.name().to_owned()),
+            holder: None,
+            seq: None,
         });
     }
 
@@ -272,6 +280,30 @@ impl Nemesis {
             }
         }
         Ok(slot.name.clone())
+    }
+
+    /// Waits, for a second at most, until `slot`'s worker holds a lock on the primary (its
+    /// sessions carry the tag `pglock:{worker}-{pid}`), so that a long pause freezes a holder
+    /// and the silent-holder check has a case. The pause goes ahead either way.
+    async fn until_holding(&self, slot: &Slot) {
+        const HOLDING: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks l \
+             JOIN pg_stat_activity a USING (pid) \
+             WHERE l.locktype = 'advisory' AND l.granted AND a.application_name LIKE $1)";
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let url = self.cluster.primary().url();
+        let connect = tokio::time::timeout_at(deadline, sqlx::PgConnection::connect(&url));
+        let Ok(Ok(mut conn)) = connect.await else {
+            return;
+        };
+        let tag = format!("pglock:{}-%", slot.name);
+        while Instant::now() < deadline {
+            let holding = sqlx::query_scalar(HOLDING).bind(&tag).fetch_one(&mut conn);
+            match tokio::time::timeout_at(deadline, holding).await {
+                Ok(Ok(false)) => tokio::time::sleep(Duration::from_millis(5)).await,
+                _ => break,
+            }
+        }
+        let _ = conn.close().await;
     }
 
     async fn restart(&self, down: Duration) -> Result<String, String> {

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
-use crate::checker::{Report, at_s, count_of, fault_kind, human_us, settled};
+use crate::checker::{ModelOutcome, Report, at_s, count_of, fault_kind, human_us, settled};
 use crate::history::{Op, Outcome, Record};
 
 /// How many anomalies or violations the tables list before they only count the rest.
@@ -18,6 +18,7 @@ pub fn markdown(report: &Report, history: &[Record]) -> String {
     summary(&mut md, report, history);
     faults(&mut md, history);
     operations(&mut md, report);
+    model(&mut md, report);
     anomalies(&mut md, report);
     liveness(&mut md, report);
     md
@@ -32,6 +33,8 @@ fn summary(md: &mut String, report: &Report, history: &[Record]) {
     let injected: usize = report.faults.values().sum();
     let safety = if report.is_valid() {
         "**valid**: no anomaly".to_owned()
+    } else if report.anomalies.is_empty() {
+        "**undecided**: the model search gave up on a key".to_owned()
     } else {
         format!(
             "**invalid**: {}",
@@ -113,6 +116,49 @@ fn operations(md: &mut String, report: &Report) {
     md.push('\n');
 }
 
+fn model(md: &mut String, report: &Report) {
+    let _ = writeln!(
+        md,
+        "### Locks against the model
+"
+    );
+    let h = &report.holds;
+    let _ = writeln!(
+        md,
+        "{} acquisitions granted: {} released with confirmation, {} lost, {} unknown; {} \
+         acquisitions of unknown outcome.\n",
+        h.granted, h.confirmed, h.lost, h.unknown, h.unknown_acquisitions
+    );
+    if report.model.is_empty() {
+        let _ = writeln!(md, "No lock operation was recorded.\n");
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "| key | model | operations | unknown outcome | unknown acquisitions left out | steps \
+         | verdict |"
+    );
+    let _ = writeln!(md, "| --- | --- | ---: | ---: | ---: | ---: | --- |");
+    for key in &report.model {
+        let verdict = match key.outcome {
+            ModelOutcome::Linearizable => "linearizable",
+            ModelOutcome::NotLinearizable => "**not linearizable**",
+            ModelOutcome::Undecided => "**undecided**",
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {verdict} |",
+            cell(&key.key),
+            key.model,
+            key.operations,
+            key.unknown,
+            key.left_out,
+            key.steps
+        );
+    }
+    md.push('\n');
+}
+
 fn anomalies(md: &mut String, report: &Report) {
     let _ = writeln!(md, "### Anomalies\n");
     if report.anomalies.is_empty() {
@@ -147,7 +193,8 @@ fn liveness(md: &mut String, report: &Report) {
     }
     let _ = writeln!(
         md,
-        "From a fault's heal to the next successful operation of any worker.\n"
+        "From a fault's heal to the next successful operation of the worker it was aimed at (of \
+         any worker after the server's faults).\n"
     );
     let _ = writeln!(
         md,

@@ -4,8 +4,10 @@
 //! Every table name starts with the run's prefix, so runs can share a database.
 //!
 //! * `{p}_fences (key, fence)`: the highest token each key's resource has accepted.
-//! * `{p}_events (seq, key, token, kind, at_us)`: accepted section starts and ends
-//!   (`kind` `start`/`end`) and log appends (`append`), in the order the resource took them.
+//! * `{p}_events (seq, key, token, kind, at_us, accepted, holder)`: every section start and
+//!   end (`kind` `start`/`end`) and log append (`append`) asked of the resource, accepted or
+//!   refused, in the order the resource took them (`seq`), with the server's time and the
+//!   holder that asked.
 //! * `{p}_counters (key, value, fence)`: the read-modify-write counters, fenced by
 //!   [`RowFence`].
 
@@ -61,7 +63,8 @@ impl Resource {
             format!("CREATE TABLE IF NOT EXISTS \"{fences}\" (key text PRIMARY KEY, fence bigint)"),
             format!(
                 "CREATE TABLE IF NOT EXISTS \"{events}\" (seq bigserial PRIMARY KEY, key text NOT NULL, \
-                 token bigint NOT NULL, kind text NOT NULL, at_us bigint NOT NULL)"
+                 token bigint NOT NULL, kind text NOT NULL, at_us bigint NOT NULL, \
+                 accepted boolean NOT NULL, holder text NOT NULL)"
             ),
             format!(
                 "CREATE TABLE IF NOT EXISTS \"{counts}\" (key text PRIMARY KEY, value bigint NOT NULL, \
@@ -81,41 +84,49 @@ impl Resource {
         Ok(())
     }
 
-    /// Records an event of `key` under `token` if no higher token has been accepted for `key`,
-    /// and raises the key's fence to `token`: one statement, whose row lock on the fence orders
-    /// the events of a key as the resource took them.
-    pub async fn fenced_event(&self, key: &str, token: i64, kind: &str) -> Write {
+    /// Records an event of `key` under `token` by `holder`, accepted if no higher token has
+    /// been accepted for `key` (which raises the key's fence to `token`) and refused otherwise;
+    /// either way the attempt is recorded. One statement: the row lock on the key's fence,
+    /// taken whether or not the fence moves and held to the commit, orders the key's events as
+    /// the resource took them. The event's `seq` and time are computed from the aggregate over
+    /// the fence's upsert, so only once that lock is held.
+    pub async fn fenced_event(&self, key: &str, token: i64, kind: &str, holder: &str) -> Write {
         let (fences, events) = (self.table("fences"), self.table("events"));
         let sql = format!(
             "WITH f AS (INSERT INTO \"{fences}\" AS t (key, fence) VALUES ($1, $2) \
                ON CONFLICT (key) DO UPDATE SET fence = $2 WHERE t.fence IS NULL OR t.fence <= $2 \
                RETURNING key) \
-             INSERT INTO \"{events}\" (key, token, kind, at_us) \
-             SELECT key, $2, $3, {NOW_US} FROM f"
+             INSERT INTO \"{events}\" (key, token, kind, at_us, accepted, holder) \
+             SELECT $1, $2, $3, {NOW_US}, a.accepted, $4 \
+               FROM (SELECT count(*) > 0 AS accepted FROM f) a \
+             RETURNING accepted"
         );
-        let result = sqlx::query(AssertSqlSafe(sql))
+        let result: sqlx::Result<bool> = sqlx::query_scalar(AssertSqlSafe(sql))
             .bind(key)
             .bind(token)
             .bind(kind)
-            .execute(&self.pool)
+            .bind(holder)
+            .fetch_one(&self.pool)
             .await;
         match result {
-            Ok(done) if done.rows_affected() == 1 => Write::Accepted,
-            Ok(_) => Write::Refused,
+            Ok(true) => Write::Accepted,
+            Ok(false) => Write::Refused,
             Err(_) => Write::Unknown,
         }
     }
 
     /// Records an event without looking at the fence: the negative control's unfenced writes.
-    pub async fn unfenced_event(&self, key: &str, token: i64, kind: &str) -> Write {
+    pub async fn unfenced_event(&self, key: &str, token: i64, kind: &str, holder: &str) -> Write {
         let events = self.table("events");
         let sql = format!(
-            "INSERT INTO \"{events}\" (key, token, kind, at_us) VALUES ($1, $2, $3, {NOW_US})"
+            "INSERT INTO \"{events}\" (key, token, kind, at_us, accepted, holder) \
+             VALUES ($1, $2, $3, {NOW_US}, true, $4)"
         );
         let result = sqlx::query(AssertSqlSafe(sql))
             .bind(key)
             .bind(token)
             .bind(kind)
+            .bind(holder)
             .execute(&self.pool)
             .await;
         match result {
@@ -178,31 +189,41 @@ impl Resource {
         }
     }
 
-    /// The resource's own view, as records of the process `"resource"`: every accepted event
-    /// (its time the resource's, mapped onto the monotonic clock) and every counter's final
-    /// value.
+    /// The resource's own view, as records of the process `"resource"`: every event asked of
+    /// it (`ok` if accepted, `fail` if refused) with its `seq` and `holder`, and every
+    /// counter's final value.
+    ///
+    /// An event's time is the server's clock mapped onto the monotonic one by the offset
+    /// between the two at the read-back: good enough to draw, never used to order events (the
+    /// checker orders them by `seq`).
     ///
     /// # Errors
     ///
     /// When a statement fails.
     pub async fn view(&self) -> sqlx::Result<Vec<Record>> {
         let offset = realtime_minus_monotonic_us();
-        let rows: Vec<(String, i64, String, i64)> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT key, token, kind, at_us FROM \"{}\" ORDER BY seq",
+        type Row = (i64, String, i64, String, i64, bool, String);
+        let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT seq, key, token, kind, at_us, accepted, holder FROM \"{}\" ORDER BY seq",
             self.table("events")
         )))
         .fetch_all(&self.pool)
         .await?;
         let mut records: Vec<Record> = rows
             .into_iter()
-            .map(|(key, token, kind, at_us)| {
+            .map(|(seq, key, token, kind, at_us, accepted, holder)| {
                 let op = match kind.as_str() {
                     "start" => Op::ResourceStart,
                     "end" => Op::ResourceEnd,
                     _ => Op::ResourceAppend,
                 };
                 let at = u64::try_from(at_us - offset).unwrap_or(0);
-                resource_record(op, key, at, Some(token), None)
+                Record {
+                    outcome: if accepted { Outcome::Ok } else { Outcome::Fail },
+                    holder: Some(holder),
+                    seq: u64::try_from(seq).ok(),
+                    ..resource_record(op, key, at, Some(token), None)
+                }
             })
             .collect();
         let counters: Vec<(String, i64)> = sqlx::query_as(AssertSqlSafe(format!(
@@ -247,6 +268,8 @@ fn resource_record(op: Op, key: String, at: u64, token: Option<i64>, value: Opti
         token,
         value,
         detail: None,
+        holder: None,
+        seq: None,
     }
 }
 

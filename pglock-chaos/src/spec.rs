@@ -2,15 +2,21 @@
 
 use std::time::Duration;
 
-/// How the workload protects its work: the checked way, or a negative control.
+/// How the workload protects its work: the checked way, or one of two negative controls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// Fenced as the guide teaches: sections under `with_lock` whose writes are fenced,
-    /// counters raised before the read, leader work under `run_as_leader` with fenced appends.
+    /// Fenced as the guide teaches: sections that run as the lock's critical section (cancelled
+    /// when it goes) and whose writes are fenced, counters raised before the read, leader work
+    /// under `run_as_leader` with fenced appends.
     Safe,
-    /// The negative control: counters checked on the write alone, and sections and leader work
-    /// that ignore the loss of their lock and write their end (and appends) unfenced.
+    /// The first negative control, the fence taken away: counters checked on the write alone,
+    /// and sections and leader work that ignore the loss of their lock and write their end (and
+    /// appends) unfenced. The lock itself is sound.
     Unsafe,
+    /// The second negative control, the lock broken: the workload of [`Mode::Safe`], through a
+    /// manager that takes every exclusive lock in shared mode
+    /// ([`ExclusiveAsShared`](crate::broken::ExclusiveAsShared)). The fences are sound.
+    BrokenLock,
 }
 
 impl Mode {
@@ -19,16 +25,20 @@ impl Mode {
         match self {
             Mode::Safe => "safe",
             Mode::Unsafe => "unsafe",
+            Mode::BrokenLock => "broken-lock",
         }
     }
 
     /// The mode named `text`.
     pub fn parse(text: &str) -> Option<Mode> {
-        match text {
-            "safe" => Some(Mode::Safe),
-            "unsafe" => Some(Mode::Unsafe),
-            _ => None,
-        }
+        [Mode::Safe, Mode::Unsafe, Mode::BrokenLock]
+            .into_iter()
+            .find(|mode| mode.as_str() == text)
+    }
+
+    /// Whether the workload writes through the fence (all but [`Mode::Unsafe`]).
+    pub fn is_fenced(self) -> bool {
+        self != Mode::Unsafe
     }
 }
 

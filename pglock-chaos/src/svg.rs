@@ -147,6 +147,7 @@ fn lanes(history: &[Record], resource_lanes: usize) -> Vec<Lane<'_>> {
             Op::ResourceStart | Op::ResourceEnd | Op::ResourceAppend => {
                 keys.entry(record.key.as_str()).or_default().push(record);
             }
+            op if op.is_lock() => {}
             _ => workers
                 .entry(natural(&record.process))
                 .or_default()

@@ -9,9 +9,10 @@ use pglock::{FencingTable, LockManager, PostgresLockManager};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::io::AsyncReadExt;
 
+use crate::broken::ExclusiveAsShared;
 use crate::resource::Resource;
 use crate::rng::Rng;
-use crate::spec::{Timing, WorkerSpec, names};
+use crate::spec::{Mode, Timing, WorkerSpec, names};
 use crate::workload::{Ctx, Emit, Stop, run_task};
 
 /// Runs a worker to its end and returns its exit code.
@@ -79,11 +80,14 @@ async fn context(spec: &WorkerSpec, stop: Stop) -> Result<Ctx, String> {
     let fencing =
         FencingTable::new(&names::fencing_table(&spec.prefix)).map_err(|e| e.to_string())?;
     let holder = format!("{}-{}", spec.name, std::process::id());
-    let locks = manager(lock_pool.clone(), fencing, &holder, spec.timing);
-    let shared: Arc<dyn LockManager> = Arc::new(locks.clone());
+    let manager = manager(lock_pool.clone(), fencing, &holder, spec.timing);
+    let locks: Arc<dyn LockManager> = match spec.mode {
+        Mode::BrokenLock => Arc::new(ExclusiveAsShared(manager)),
+        Mode::Safe | Mode::Unsafe => Arc::new(manager),
+    };
     let table = JobTable::new(&names::job_table(&spec.prefix)).map_err(|e| e.to_string())?;
     let store = Arc::new(PostgresJobStore::with_table(lock_pool, table));
-    let job = ScheduledJob::builder(shared, store, names::JOB, names::JOB_PERIOD)
+    let job = ScheduledJob::builder(locks.clone(), store, names::JOB, names::JOB_PERIOD)
         // Held past the window's end: a run whose end went unrecorded (the server was down)
         // frees the job only once its window is over, so the window cannot run twice.
         .max_hold(names::JOB_PERIOD + Duration::from_millis(100))
@@ -95,7 +99,7 @@ async fn context(spec: &WorkerSpec, stop: Stop) -> Result<Ctx, String> {
         resource: Resource::new(resource_pool, &spec.prefix),
         job,
         mode: spec.mode,
-        emit: Emit::new(&spec.name),
+        emit: Emit::new(&spec.name, &holder),
         stop,
     })
 }

@@ -1,13 +1,18 @@
-//! The workload of one worker process: tasks doing critical sections, fenced increments,
-//! leader terms and scheduled-job runs, each operation reported to the parent as it is
-//! invoked and as it ends (see [`Emit`]).
+//! The workload of one worker process: tasks doing critical sections, readers' sections,
+//! fenced increments, leader terms and scheduled-job runs, each operation reported to the
+//! parent as it is invoked and as it ends (see [`Emit`]). The acquisitions and releases of the
+//! locks that sections, reads and increments take are reported as operations of their own
+//! (`workload/held.rs`), for the checker's model.
+
+mod held;
+mod sections;
 
 use std::io::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pglock::schedule::{RunOutcome, ScheduledJob};
-use pglock::{LeaderElection, LockManager, LockManagerExt, PostgresLockManager};
+use pglock::{LeaderElection, LockManager};
 
 use crate::history::{Op, Outcome, Record, now_us};
 use crate::resource::{Resource, Write};
@@ -20,35 +25,56 @@ const ACQUIRE: Duration = Duration::from_secs(3);
 const ELECTION: Duration = Duration::from_secs(5);
 
 /// Reports operations to the parent on stdout, one line each: `I task json` when invoked and
-/// `E task json` when over. A task has one operation in flight at a time, so the parent can
-/// turn what a killed worker had in flight into `info` records.
+/// `E task json` when over. A task has at most one operation of each kind in flight at a time
+/// (a section and the acquisition inside it, say), so the parent can turn what a killed worker
+/// had in flight into `info` records.
 #[derive(Debug, Clone)]
 pub struct Emit {
     process: String,
+    holder: String,
 }
 
 impl Emit {
-    /// Reports for the worker `process`.
-    pub fn new(process: &str) -> Emit {
+    /// Reports for the worker `process`, whose lock manager's holder id is `holder`.
+    pub fn new(process: &str, holder: &str) -> Emit {
         Emit {
             process: process.to_owned(),
+            holder: holder.to_owned(),
         }
     }
 
-    /// Reports an operation's invocation and returns its record, to be completed.
-    pub fn invoke(&self, task: u32, op: Op, key: &str) -> Record {
-        let record = Record {
+    /// The holder a task's records name: the manager's holder id and the task.
+    pub fn holder(&self, task: u32) -> String {
+        format!("{}/{task}", self.holder)
+    }
+
+    /// An operation's record, not reported yet.
+    pub fn record(&self, task: u32, op: Op, key: &str) -> Record {
+        Record {
             process: self.process.clone(),
             task,
             op,
             key: key.to_owned(),
-            start_us: now_us(),
+            start_us: 0,
             end_us: 0,
             outcome: Outcome::Info,
             token: None,
             value: None,
             detail: None,
-        };
+            holder: Some(self.holder(task)),
+            seq: None,
+        }
+    }
+
+    /// Reports an operation's invocation, now, and returns its record, to be completed.
+    pub fn invoke(&self, task: u32, op: Op, key: &str) -> Record {
+        self.start(self.record(task, op, key))
+    }
+
+    /// Reports the invocation of `record`, now, and returns it, to be completed.
+    pub fn start(&self, mut record: Record) -> Record {
+        record.start_us = now_us();
+        record.outcome = Outcome::Info;
         line('I', &record);
         record
     }
@@ -72,8 +98,9 @@ fn line(kind: char, record: &Record) {
 /// What every task of a worker shares.
 #[derive(Clone)]
 pub struct Ctx {
-    /// The worker's lock manager, through its proxy.
-    pub locks: PostgresLockManager,
+    /// The worker's lock manager, through its proxy (broken on purpose in
+    /// [`Mode::BrokenLock`]).
+    pub locks: Arc<dyn LockManager>,
     /// The fenced resource.
     pub resource: Resource,
     /// The scheduled job, on the lock server.
@@ -86,13 +113,17 @@ pub struct Ctx {
     pub stop: Stop,
 }
 
-/// One task's loop until the worker is told to stop: tasks 0 and 1 of every four alternate
-/// sections and increments, task 2 campaigns for leadership, task 3 ticks the scheduled job.
+/// One task's loop until the worker is told to stop: tasks 0 and 1 of every four run
+/// sections (40%), readers' sections (20%) and increments (40%), task 2 campaigns for
+/// leadership, task 3 ticks the scheduled job.
 pub async fn run_task(ctx: Ctx, task: u32, mut rng: Rng) {
     while !ctx.stop.is_stopped() {
         match task % 4 {
-            0 | 1 if rng.chance(50) => section(&ctx, task, &mut rng).await,
-            0 | 1 => increment(&ctx, task, &mut rng).await,
+            0 | 1 => match rng.between(0, 99) {
+                0..40 => sections::section(&ctx, task, &mut rng).await,
+                40..60 => sections::read(&ctx, task, &mut rng).await,
+                _ => sections::increment(&ctx, task, &mut rng).await,
+            },
             2 => term(&ctx, task, &mut rng).await,
             _ => job_tick(&ctx, task, &mut rng).await,
         }
@@ -130,108 +161,7 @@ fn note(progress: &Shared, write: Write) {
     }
 }
 
-/// A critical section: its start and end written through the fenced resource.
-async fn section(ctx: &Ctx, task: u32, rng: &mut Rng) {
-    let key = names::SECTIONS[rng.index(names::SECTIONS.len())];
-    let record = ctx.emit.invoke(task, Op::Section, key);
-    let hold = Duration::from_millis(rng.between(10, 80));
-    let progress = Shared::default();
-    let result = match ctx.mode {
-        Mode::Safe => safe_section(ctx, key, hold, &progress).await,
-        Mode::Unsafe => unsafe_section(ctx, key, hold, &progress).await,
-    };
-    let p = *progress.lock().expect("progress");
-    let outcome = match result {
-        Ok(()) if p.accepted == 2 => Outcome::Ok,
-        _ if p.touched == 0 => Outcome::Fail,
-        _ => Outcome::Info,
-    };
-    finish(ctx, record, outcome, p.token, None, result.err());
-}
-
-async fn safe_section(
-    ctx: &Ctx,
-    key: &str,
-    hold: Duration,
-    progress: &Shared,
-) -> Result<(), String> {
-    let body = |info: pglock::LockInfo| async move {
-        let token = info.fencing_token.expect("fencing is on");
-        progress.lock().expect("progress").token = Some(token);
-        let start = ctx.resource.fenced_event(key, token, "start").await;
-        note(progress, start);
-        if start != Write::Accepted {
-            return;
-        }
-        tokio::time::sleep(hold).await;
-        note(progress, ctx.resource.fenced_event(key, token, "end").await);
-    };
-    ctx.locks
-        .with_lock(key, Some(ACQUIRE), body)
-        .await
-        .map_err(|err| err.to_string())
-}
-
-/// The negative control's section: it goes on when the lock is lost, and writes its end
-/// without the fence.
-async fn unsafe_section(
-    ctx: &Ctx,
-    key: &str,
-    hold: Duration,
-    progress: &Shared,
-) -> Result<(), String> {
-    let guard = ctx
-        .locks
-        .acquire(key, Some(ACQUIRE))
-        .await
-        .map_err(|err| err.to_string())?;
-    let token = guard.info().fencing_token.expect("fencing is on");
-    progress.lock().expect("progress").token = Some(token);
-    let start = ctx.resource.fenced_event(key, token, "start").await;
-    note(progress, start);
-    if start == Write::Accepted {
-        tokio::time::sleep(hold).await;
-        note(
-            progress,
-            ctx.resource.unfenced_event(key, token, "end").await,
-        );
-    }
-    let _ = guard.release().await;
-    Ok(())
-}
-
-/// A read-modify-write increment of a counter under its lock.
-async fn increment(ctx: &Ctx, task: u32, rng: &mut Rng) {
-    let key = names::COUNTERS[rng.index(names::COUNTERS.len())];
-    let record = ctx.emit.invoke(task, Op::Increment, key);
-    let guard = match ctx.locks.acquire(key, Some(ACQUIRE)).await {
-        Ok(guard) => guard,
-        Err(err) => {
-            return finish(
-                ctx,
-                record,
-                Outcome::Fail,
-                None,
-                None,
-                Some(err.to_string()),
-            );
-        }
-    };
-    let token = guard.info().fencing_token.expect("fencing is on");
-    let (write, value) = match ctx.mode {
-        Mode::Safe => ctx.resource.fenced_increment(key, token).await,
-        Mode::Unsafe => ctx.resource.write_checked_increment(key, token).await,
-    };
-    // A lost lock's release fails; the write's outcome is what counts.
-    let _ = guard.release().await;
-    let outcome = match write {
-        Write::Accepted => Outcome::Ok,
-        Write::Refused => Outcome::Fail,
-        Write::Unknown => Outcome::Info,
-    };
-    finish(ctx, record, outcome, Some(token), value, None);
-}
-
+/// Completes `record` with what the operation came to.
 fn finish(
     ctx: &Ctx,
     mut record: Record,
@@ -249,16 +179,16 @@ fn finish(
 /// One leader term: campaign, append a few entries to the fenced log, resign.
 async fn term(ctx: &Ctx, task: u32, rng: &mut Rng) {
     let mut record = ctx.emit.invoke(task, Op::Term, names::LOG);
-    let locks: Arc<dyn LockManager> = Arc::new(ctx.locks.clone());
-    let election = LeaderElection::builder(locks, names::LEADER)
+    let election = LeaderElection::builder(ctx.locks.clone(), names::LEADER)
         .retry_interval(Duration::from_millis(100))
         .start();
     let entries = rng.between(3, 10);
     let gap = Duration::from_millis(rng.between(20, 80));
     let progress = Shared::default();
+    let holder = ctx.emit.holder(task);
     let result = match ctx.mode {
-        Mode::Safe => safe_term(ctx, &election, entries, gap, &progress).await,
-        Mode::Unsafe => unsafe_term(ctx, &election, entries, gap, &progress).await,
+        Mode::Unsafe => unsafe_term(ctx, &election, entries, gap, &progress, &holder).await,
+        _ => safe_term(ctx, &election, entries, gap, &progress, &holder).await,
     };
     let _ = tokio::time::timeout(ACQUIRE, election.resign()).await;
     let p = *progress.lock().expect("progress");
@@ -286,6 +216,7 @@ async fn safe_term(
     entries: u64,
     gap: Duration,
     progress: &Shared,
+    holder: &str,
 ) -> Result<(), String> {
     let work = |info: pglock::LockInfo| async move {
         let token = info.fencing_token.expect("fencing is on");
@@ -295,7 +226,10 @@ async fn safe_term(
             p.began_us = Some(now_us());
         }
         for _ in 0..entries {
-            let write = ctx.resource.fenced_event(names::LOG, token, "append").await;
+            let write = ctx
+                .resource
+                .fenced_event(names::LOG, token, "append", holder)
+                .await;
             note(progress, write);
             if write != Write::Accepted {
                 return;
@@ -317,6 +251,7 @@ async fn unsafe_term(
     entries: u64,
     gap: Duration,
     progress: &Shared,
+    holder: &str,
 ) -> Result<(), String> {
     let info = match tokio::time::timeout(ELECTION, election.wait_for_leadership()).await {
         Ok(Ok(info)) => info,
@@ -333,7 +268,7 @@ async fn unsafe_term(
         note(
             progress,
             ctx.resource
-                .unfenced_event(names::LOG, token, "append")
+                .unfenced_event(names::LOG, token, "append", holder)
                 .await,
         );
         tokio::time::sleep(gap).await;

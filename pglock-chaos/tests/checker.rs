@@ -2,77 +2,12 @@
 
 use std::borrow::Cow;
 
-use pglock_chaos::checker::{AnomalyKind, Bounds, Percentiles, Report, check, settled};
+mod common;
+
+use common::*;
+use pglock_chaos::checker::{AnomalyKind, Bounds, Percentiles, check, settled};
 use pglock_chaos::history::{Op, Outcome, Record};
 use pglock_chaos::report::markdown;
-
-const MS: u64 = 1_000;
-const S: u64 = 1_000_000;
-
-fn record(process: &str, op: Op, key: &str, span: (u64, u64), outcome: Outcome) -> Record {
-    Record {
-        process: process.to_owned(),
-        task: 0,
-        op,
-        key: key.to_owned(),
-        start_us: span.0,
-        end_us: span.1,
-        outcome,
-        token: None,
-        value: None,
-        detail: None,
-    }
-}
-
-/// What the resource accepted, at `at`.
-fn accepted(op: Op, key: &str, at: u64, token: i64) -> Record {
-    Record {
-        token: Some(token),
-        ..record("resource", op, key, (at, at), Outcome::Ok)
-    }
-}
-
-fn increment(key: &str, span: (u64, u64), outcome: Outcome, token: i64) -> Record {
-    Record {
-        token: Some(token),
-        ..record("w1", Op::Increment, key, span, outcome)
-    }
-}
-
-fn counter_final(key: &str, value: i64) -> Record {
-    Record {
-        value: Some(value),
-        ..record(
-            "checker",
-            Op::CounterFinal,
-            key,
-            (99 * S, 99 * S),
-            Outcome::Ok,
-        )
-    }
-}
-
-fn job(process: &str, key: &str, window: i64, at: u64, outcome: Outcome) -> Record {
-    Record {
-        value: Some(window),
-        ..record(process, Op::Job, key, (at, at + 10 * MS), outcome)
-    }
-}
-
-fn fault(kind: &str, span: (u64, u64)) -> Record {
-    Record {
-        detail: Some(kind.to_owned()),
-        ..record("nemesis", Op::Fault, "server", span, Outcome::Ok)
-    }
-}
-
-fn section(span: (u64, u64), outcome: Outcome) -> Record {
-    record("w2", Op::Section, "k", span, outcome)
-}
-
-fn kinds(report: &Report) -> Vec<AnomalyKind> {
-    report.anomalies.iter().map(|a| a.kind).collect()
-}
 
 /// Everything the rules look at, done right: no anomaly.
 fn clean_history() -> Vec<Record> {
@@ -115,7 +50,7 @@ fn a_clean_history_has_no_anomaly() {
 }
 
 #[test]
-fn a_start_inside_another_section_is_an_overlap() {
+fn a_start_inside_another_section_is_interleaved_at_the_resource() {
     let history = vec![
         accepted(Op::ResourceStart, "k", 10 * MS, 5),
         accepted(Op::ResourceStart, "k", 20 * MS, 6),
@@ -125,7 +60,7 @@ fn a_start_inside_another_section_is_an_overlap() {
     ];
     let report = check(&history, &Bounds::default());
     let overlaps: Vec<_> = report
-        .anomalies_of(AnomalyKind::OverlappingSections)
+        .anomalies_of(AnomalyKind::InterleavedSections)
         .collect();
     assert_eq!(overlaps.len(), 1, "{report}");
     let tokens: Vec<_> = overlaps[0].records.iter().map(|r| r.token).collect();
@@ -194,13 +129,16 @@ fn an_append_from_an_older_term_is_a_term_overlap() {
     ];
     let report = check(&history, &Bounds::default());
     assert_eq!(kinds(&report), [AnomalyKind::TermOverlap], "{report}");
-    // At equal times the resource's own order stands: 2 then 1 is still an overlap.
-    let tied = vec![
-        accepted(Op::ResourceAppend, "log", 10 * MS, 2),
-        accepted(Op::ResourceAppend, "log", 10 * MS, 1),
-    ];
-    let report = check(&tied, &Bounds::default());
+    // The resource's own order stands, whatever its clock said: 2 then 1 is an overlap, even
+    // with 1's time earlier; 1 then 2 is not, even with 2's time earlier.
+    let at = |seq: u64, time: u64, token: i64| Record {
+        seq: Some(seq),
+        ..accepted(Op::ResourceAppend, "log", time, token)
+    };
+    let report = check(&[at(1, 20 * MS, 2), at(2, 10 * MS, 1)], &Bounds::default());
     assert_eq!(kinds(&report), [AnomalyKind::TermOverlap], "{report}");
+    let report = check(&[at(1, 20 * MS, 1), at(2, 10 * MS, 2)], &Bounds::default());
+    assert!(report.is_valid(), "{report}");
 }
 
 #[test]
@@ -299,6 +237,31 @@ fn recovery_is_measured_to_the_first_success_after_the_heal() {
     assert_eq!(report.count(Op::Section, Outcome::Fail), 1);
     assert_eq!(report.count(Op::Fault, Outcome::Ok), 3);
     assert_eq!(report.count(Op::Job, Outcome::Ok), 0);
+}
+
+#[test]
+fn a_fault_aimed_at_a_worker_waits_for_that_worker() {
+    let history = vec![
+        Record {
+            key: "w2".to_owned(),
+            ..fault("kill", (0, S))
+        },
+        record("w1", Op::Section, "k", (S, S + 100 * MS), Outcome::Ok),
+        record("w2", Op::Section, "k", (S, S + 400 * MS), Outcome::Fail),
+        record("w2", Op::Section, "k", (S, S + 500 * MS), Outcome::Ok),
+        // A fault on the server: any worker's success counts.
+        fault("server-restart", (2 * S, 3 * S)),
+        record(
+            "w1",
+            Op::Section,
+            "k",
+            (3 * S, 3 * S + 50 * MS),
+            Outcome::Ok,
+        ),
+    ];
+    let report = check(&history, &Bounds::new(S));
+    let took: Vec<_> = report.recoveries.iter().map(|r| r.recovery_us).collect();
+    assert_eq!(took, [Some(500 * MS), Some(50 * MS)]);
 }
 
 #[test]
@@ -423,118 +386,4 @@ fn an_operation_recorded_as_unknown_when_invoked_is_settled_by_its_outcome() {
     }
     // A history of one record per operation is left as it is.
     assert!(matches!(settled(&clean_history()), Cow::Borrowed(_)));
-}
-
-/// The silent-holder check's histories: `w1` holds `k` under token 10 from 0 and is frozen
-/// from 1 s to 5 s; the bound is 2 s, the margin 0.5 s.
-mod frozen {
-    use super::*;
-    use pglock_chaos::checker::frozen_holders;
-    use std::time::Duration;
-
-    const BOUND: Duration = Duration::from_secs(2);
-    const MARGIN: Duration = Duration::from_millis(500);
-
-    fn pause(process: &str, kind: &str, span: (u64, u64)) -> Record {
-        Record {
-            key: process.to_owned(),
-            ..fault(kind, span)
-        }
-    }
-
-    /// `process`'s section on `k`: held under `token` if it has one, else a wait.
-    fn section_of(process: &str, span: (u64, u64), outcome: Outcome, token: Option<i64>) -> Record {
-        Record {
-            token,
-            ..record(process, Op::Section, "k", span, outcome)
-        }
-    }
-
-    fn frozen_holder() -> Vec<Record> {
-        vec![
-            section_of("w1", (0, 5 * S + MS), Outcome::Info, Some(10)),
-            accepted(Op::ResourceStart, "k", 100 * MS, 10),
-            pause("w1", "pause-long", (S, 5 * S)),
-        ]
-    }
-
-    fn taken_at(at: u64) -> Record {
-        accepted(Op::ResourceStart, "k", at, 11)
-    }
-
-    #[test]
-    fn a_key_taken_within_the_bound_of_the_freeze_passes_and_one_taken_later_does_not() {
-        for (at, late) in [
-            (3 * S, false),
-            (3 * S + 400 * MS, false),
-            (3 * S + 600 * MS, true),
-        ] {
-            let mut history = frozen_holder();
-            history.push(taken_at(at));
-            let found = frozen_holders(&history, BOUND, MARGIN);
-            assert_eq!((found.cases, found.frozen_waiters), (1, 0));
-            assert_eq!(found.late.len(), usize::from(late), "taken at {at}");
-        }
-        let found = frozen_holders(&frozen_holder(), BOUND, MARGIN);
-        assert_eq!(found.late.len(), 1, "never taken");
-        // Work under the holder's own token is not the key taken.
-        let mut history = frozen_holder();
-        history.push(accepted(Op::ResourceAppend, "k", 2 * S, 10));
-        assert_eq!(frozen_holders(&history, BOUND, MARGIN).late.len(), 1);
-    }
-
-    #[test]
-    fn each_frozen_waiter_in_line_when_the_key_is_freed_adds_a_bound() {
-        // `w3` waits from 0.5 s and is frozen from 2.5 s to 6 s: at 3 s the server grants it
-        // the key, and ends its session at 5 s; `w2` takes the key then.
-        let waiting = |process: &str, span| section_of(process, span, Outcome::Fail, None);
-        let mut history = frozen_holder();
-        history.extend([
-            waiting("w3", (500 * MS, 6 * S + MS)),
-            pause("w3", "pause-short", (2 * S + 500 * MS, 6 * S)),
-            taken_at(5 * S + 200 * MS),
-        ]);
-        let found = frozen_holders(&history, BOUND, MARGIN);
-        assert_eq!(
-            (found.frozen_waiters, found.late.len()),
-            (1, 0),
-            "{found:?}"
-        );
-        // Later than a bound and two margins after that: late even so.
-        history.pop();
-        history.push(taken_at(6 * S + 600 * MS));
-        assert_eq!(frozen_holders(&history, BOUND, MARGIN).late.len(), 1);
-
-        // A second frozen waiter, in line behind the first, adds another bound.
-        history.extend([
-            waiting("w2", (S, 8 * S)),
-            pause("w2", "pause-long", (4 * S, 7 * S)),
-        ]);
-        let found = frozen_holders(&history, BOUND, MARGIN);
-        assert_eq!(
-            (found.frozen_waiters, found.late.len()),
-            (2, 0),
-            "{found:?}"
-        );
-    }
-
-    #[test]
-    fn a_waiter_not_frozen_when_the_key_is_freed_adds_nothing() {
-        let mut history = frozen_holder();
-        history.extend([
-            section_of("w3", (500 * MS, 6 * S + MS), Outcome::Fail, None),
-            // Running again before the key was freed: it would have taken it.
-            pause("w3", "pause-long", (0, 2 * S)),
-            // Frozen when the key was freed, but not waiting for it.
-            section_of("w2", (3 * S + 600 * MS, 4 * S), Outcome::Fail, None),
-            pause("w2", "pause-long", (2 * S, 5 * S)),
-            taken_at(5 * S),
-        ]);
-        let found = frozen_holders(&history, BOUND, MARGIN);
-        assert_eq!(
-            (found.frozen_waiters, found.late.len()),
-            (0, 1),
-            "{found:?}"
-        );
-    }
 }

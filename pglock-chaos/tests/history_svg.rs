@@ -21,6 +21,8 @@ fn record(process: &str, task: u32, op: Op, span: (u64, u64), outcome: Outcome) 
         token: Some(7),
         value: None,
         detail: None,
+        holder: None,
+        seq: None,
     }
 }
 

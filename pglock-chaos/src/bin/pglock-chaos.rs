@@ -2,7 +2,7 @@
 //! with `--worker`, one of its worker processes.
 //!
 //! ```text
-//! pglock-chaos [--seed N] [--seconds S] [--out DIR] [--unsafe]
+//! pglock-chaos [--seed N] [--seconds S] [--out DIR] [--unsafe | --broken-lock]
 //! pglock-chaos --check DIR      # check DIR/history.jsonl again, rewrite its reports
 //! ```
 
@@ -47,7 +47,7 @@ fn main() {
             Ok(config) => runtime.block_on(parent(config)),
             Err(err) => {
                 eprintln!(
-                    "pglock-chaos: {err}\nusage: pglock-chaos [--seed N] [--seconds S] [--out DIR] [--unsafe]"
+                    "pglock-chaos: {err}\nusage: pglock-chaos [--seed N] [--seconds S] [--out DIR] [--unsafe | --broken-lock]"
                 );
                 2
             }
@@ -67,6 +67,7 @@ fn parse(args: &[String]) -> Result<Config, String> {
             "--seconds" => seconds = value()?.parse().map_err(|_| "bad --seconds")?,
             "--out" => out = PathBuf::from(value()?),
             "--unsafe" => mode = Mode::Unsafe,
+            "--broken-lock" => mode = Mode::BrokenLock,
             other => return Err(format!("unknown argument {other:?}")),
         }
     }

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::{KindLiveness, Report, at_s, count_of, human_us};
+use super::{KindLiveness, ModelOutcome, Report, at_s, count_of, human_us};
 use crate::history::{Op, Outcome};
 
 /// How many anomalies or violations the summary spells out before it only counts the rest.
@@ -24,6 +24,7 @@ impl fmt::Display for Report {
             faults.join(", ")
         };
         writeln!(f, "faults: {faults}")?;
+        self.lock_model(f)?;
         self.safety(f)?;
         self.live(f)
     }
@@ -47,9 +48,38 @@ impl Report {
         Ok(())
     }
 
+    fn lock_model(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let h = &self.holds;
+        writeln!(
+            f,
+            "holds: {} granted: {} released with confirmation, {} lost, {} unknown; {} \
+             acquisitions of unknown outcome",
+            h.granted, h.confirmed, h.lost, h.unknown, h.unknown_acquisitions
+        )?;
+        writeln!(f, "model:")?;
+        for key in &self.model {
+            let verdict = match key.outcome {
+                ModelOutcome::Linearizable => "linearizable",
+                ModelOutcome::NotLinearizable => "NOT linearizable",
+                ModelOutcome::Undecided => "UNDECIDED (out of search steps)",
+            };
+            let left_out = count_of(key.left_out, "acquisition", "acquisitions");
+            writeln!(
+                f,
+                "  {:<16} {}: {verdict} ({} operations, {} of unknown outcome, {} steps; \
+                 {left_out} of unknown outcome left out)",
+                key.key, key.model, key.operations, key.unknown, key.steps
+            )?;
+        }
+        Ok(())
+    }
+
     fn safety(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.is_valid() {
             return writeln!(f, "safety: valid (no anomaly)");
+        }
+        if self.anomalies.is_empty() {
+            return writeln!(f, "safety: UNDECIDED, the model search gave up on a key");
         }
         writeln!(
             f,

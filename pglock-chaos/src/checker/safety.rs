@@ -1,19 +1,20 @@
-//! The safety rules: each reads the records it needs and adds the anomalies it finds.
+//! The safety rules of the resource's view and the workers' writes: each reads the records it
+//! needs and adds the anomalies it finds. The resource's records are compared in the
+//! resource's own order (`seq`), never by the server's clock.
 
 use std::collections::{BTreeMap, HashMap};
 
 use super::{Anomaly, AnomalyKind, at_s};
 use crate::history::{Op, Outcome, Record};
 
-/// Every safety anomaly of a history, by kind then time.
-pub(super) fn anomalies(history: &[Record], origin_us: u64) -> Vec<Anomaly> {
-    let mut found = Vec::new();
-    overlapping_sections(history, origin_us, &mut found);
-    stale_writes(history, origin_us, &mut found);
-    counter_mismatches(history, &mut found);
-    jobs_run_twice(history, origin_us, &mut found);
-    found.sort_by_key(|a| (a.kind, a.records.first().map(|r| r.start_us)));
-    found
+/// The anomalies of the resource's view and of the workers' writes: sections interleaved at
+/// the resource, stale writes, counters and job windows.
+pub(super) fn anomalies(history: &[Record], origin_us: u64, found: &mut Vec<Anomaly>) {
+    interleaved_sections(history, origin_us, found);
+    stale_writes(history, origin_us, found);
+    stale_increments(history, origin_us, found);
+    counter_mismatches(history, found);
+    jobs_run_twice(history, origin_us, found);
 }
 
 /// The records that pass `keep`, with their index in the history, by key.
@@ -30,17 +31,23 @@ fn by_key(
     keys
 }
 
-/// A start accepted between another section's accepted start and its accepted end.
+/// In the resource's own order (`seq`, which its fence's row lock imposes), the records of a
+/// key's accepted writes.
+fn in_resource_order(events: &mut [(usize, &Record)]) {
+    events.sort_by_key(|&(i, r)| (r.seq, r.start_us, i));
+}
+
+/// A start accepted between another section's accepted start and its accepted end, in the
+/// resource's order: the fence let a second holder in while the first went on writing.
 ///
 /// A section whose end was never accepted lost its lock: a start after it is the next holder,
 /// not an overlap. Only once that end shows up were both sections really running at once.
-fn overlapping_sections(history: &[Record], origin_us: u64, found: &mut Vec<Anomaly>) {
+fn interleaved_sections(history: &[Record], origin_us: u64, found: &mut Vec<Anomaly>) {
     let accepted = |r: &Record| {
         r.outcome == Outcome::Ok && matches!(r.op, Op::ResourceStart | Op::ResourceEnd)
     };
     for (key, mut events) in by_key(history, accepted) {
-        // Stable: at equal times the resource's read-back order stands.
-        events.sort_by_key(|(_, r)| r.start_us);
+        in_resource_order(&mut events);
         let mut open: HashMap<Option<i64>, Vec<usize>> = HashMap::new();
         for (at, &(_, record)) in events.iter().enumerate() {
             if record.op == Op::ResourceStart {
@@ -57,16 +64,16 @@ fn overlapping_sections(history: &[Record], origin_us: u64, found: &mut Vec<Anom
                 .filter(|r| r.op == Op::ResourceStart && r.token != record.token);
             for intruder in intruders {
                 let message = format!(
-                    "the section of token {} was accepted at {} while the section of token {}, \
-                     accepted at {}, was still running (its end was accepted at {})",
+                    "the resource accepted the start of token {} ({}) after the start of token \
+                     {} ({}) and before its end ({})",
                     token(intruder),
-                    at_s(intruder.start_us, origin_us),
+                    place(intruder, origin_us),
                     token(first),
-                    at_s(first.start_us, origin_us),
-                    at_s(record.start_us, origin_us),
+                    place(first, origin_us),
+                    place(record, origin_us),
                 );
                 found.push(Anomaly {
-                    kind: AnomalyKind::OverlappingSections,
+                    kind: AnomalyKind::InterleavedSections,
                     key: key.to_owned(),
                     records: vec![first.clone(), intruder.clone(), record.clone()],
                     message,
@@ -76,49 +83,59 @@ fn overlapping_sections(history: &[Record], origin_us: u64, found: &mut Vec<Anom
     }
 }
 
-/// When a fenced write was surely accepted, as a pair that orders all of them on one key.
-///
-/// The resource's records are points (the time it accepted them, then their place in its
-/// read-back for ties). A worker's increment was accepted somewhere between its start and its
-/// end, so it surely came after another write only if it started after that one surely ended.
-fn earliest(index: usize, record: &Record) -> (u64, usize) {
-    if record.op == Op::Increment {
-        (record.start_us, 0)
-    } else {
-        (record.start_us, index + 1)
+/// Where a resource record stands: its `seq`, and the server's time (for reading only).
+fn place(record: &Record, origin_us: u64) -> String {
+    match record.seq {
+        Some(seq) => format!("seq {seq}, about {}", at_s(record.start_us, origin_us)),
+        None => at_s(record.start_us, origin_us),
     }
 }
 
-fn latest(index: usize, record: &Record) -> (u64, usize) {
-    if record.op == Op::Increment {
-        (record.end_us, usize::MAX)
-    } else {
-        (record.start_us, index + 1)
-    }
-}
-
-/// A fenced write accepted under a token lower than one accepted surely before it.
+/// A fenced write accepted by the resource under a token lower than one it accepted before,
+/// in its own order.
 fn stale_writes(history: &[Record], origin_us: u64, found: &mut Vec<Anomaly>) {
     let fenced = |r: &Record| {
         r.outcome == Outcome::Ok
             && r.token.is_some()
             && matches!(
                 r.op,
-                Op::ResourceStart | Op::ResourceEnd | Op::ResourceAppend | Op::Increment
+                Op::ResourceStart | Op::ResourceEnd | Op::ResourceAppend
             )
     };
-    for (key, writes) in by_key(history, fenced) {
-        let mut by_earliest = writes.clone();
-        by_earliest.sort_by_key(|&(i, r)| earliest(i, r));
-        let mut by_latest = writes;
-        by_latest.sort_by_key(|&(i, r)| latest(i, r));
-        // The write with the highest token among those surely accepted so far.
+    for (key, mut writes) in by_key(history, fenced) {
+        in_resource_order(&mut writes);
+        let mut newest: Option<&Record> = None;
+        for &(_, write) in &writes {
+            match newest {
+                Some(newer) if newer.token > write.token => {
+                    found.push(stale(key, newer, write, origin_us));
+                }
+                _ => newest = Some(write),
+            }
+        }
+    }
+}
+
+/// A fenced increment accepted under a token lower than one accepted surely before it.
+///
+/// An increment was accepted somewhere between its start and its end, on the workers' shared
+/// monotonic clock, so it surely came after another one only if it started after that one
+/// ended.
+fn stale_increments(history: &[Record], origin_us: u64, found: &mut Vec<Anomaly>) {
+    let accepted =
+        |r: &Record| r.op == Op::Increment && r.outcome == Outcome::Ok && r.token.is_some();
+    for (key, writes) in by_key(history, accepted) {
+        let mut by_start = writes.clone();
+        by_start.sort_by_key(|&(i, r)| (r.start_us, i));
+        let mut by_end = writes;
+        by_end.sort_by_key(|&(i, r)| (r.end_us, i));
+        // The increment with the highest token among those surely accepted so far.
         let mut newest: Option<&Record> = None;
         let mut done = 0;
-        for &(i, write) in &by_earliest {
-            for &(_, before) in by_latest[done..]
+        for &(_, write) in &by_start {
+            for &(_, before) in by_end[done..]
                 .iter()
-                .take_while(|&&(j, r)| latest(j, r) < earliest(i, write))
+                .take_while(|&&(_, r)| r.end_us < write.start_us)
             {
                 if newest.is_none_or(|n| before.token > n.token) {
                     newest = Some(before);
@@ -138,14 +155,25 @@ fn stale(key: &str, newer: &Record, write: &Record, origin_us: u64) -> Anomaly {
     } else {
         AnomalyKind::StaleWrite
     };
+    let when = |r: &Record| {
+        if r.op == Op::Increment {
+            format!(
+                "between {} and {}",
+                at_s(r.start_us, origin_us),
+                at_s(r.end_us, origin_us)
+            )
+        } else {
+            format!("at {}", place(r, origin_us))
+        }
+    };
     let message = format!(
-        "{} of token {} was accepted at {} after {} of token {} was accepted at {}",
+        "{} of token {} was accepted {} after {} of token {} was accepted {}",
         write.op.name(),
         token(write),
-        at_s(write.start_us, origin_us),
+        when(write),
         newer.op.name(),
         token(newer),
-        at_s(newer.start_us, origin_us),
+        when(newer),
     );
     Anomaly {
         kind,

@@ -8,60 +8,88 @@
 //! that runs can take the key: the deadline below allows for them, and says how many it
 //! allowed for. The history does not show the order of the server's queue, so every worker
 //! frozen while waiting for the key when it is freed counts as in line.
+//!
+//! Everything here is on the workers' and the nemesis's shared monotonic clock: a hold is an
+//! exclusive acquisition and its release ([`Hold`]), a leader's term runs from the moment its
+//! worker was told it led, and the key is taken when another worker's acquisition returns (or
+//! its term begins) under a newer token.
 
 use std::time::Duration;
 
+use super::holds::{Hold, holds};
 use crate::history::{Op, Outcome, Record};
 use crate::nemesis::FaultKind;
 
 /// What [`frozen_holders`] found.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FrozenHolders {
-    /// Operations that held a lock across a long freeze of their worker.
+    /// Locks held across a long freeze of their worker: its holds of exclusive locks, and its
+    /// leader terms.
     pub cases: usize,
     /// How many times a frozen waiter was in line when a key was freed (each adds a bound).
     pub frozen_waiters: usize,
-    /// Those of `cases` whose key no one used under a newer token by the deadline.
+    /// The records (acquisitions or terms) of those of `cases` whose key no one took under a
+    /// newer token by the deadline.
     pub late: Vec<Record>,
 }
 
-/// For every operation that held a lock (it had a token) when its worker was frozen past the
-/// silent-holder `bound`, and did not complete: the resource accepted work on the key under a
-/// newer token while the holder was still frozen, within the bound and `margin` of the freeze,
-/// plus a bound and a margin for each frozen waiter in line (see the module docs).
+/// For every lock held by a worker when it was frozen past the silent-holder `bound` (told it
+/// had the lock before the freeze, and not letting it go before the freeze ended): another
+/// worker took the key under a newer token while the holder was still frozen, within the bound
+/// and `margin` of the freeze, plus a bound and a margin for each frozen waiter in line (see
+/// the module docs).
 pub fn frozen_holders(records: &[Record], bound: Duration, margin: Duration) -> FrozenHolders {
     let (bound, margin) = (micros(bound), micros(margin));
+    let holds = holds(records);
     let mut found = FrozenHolders::default();
     let pauses = records
         .iter()
         .filter(|r| r.op == Op::Fault && r.detail.as_deref() == Some(FaultKind::PauseLong.name()));
     for pause in pauses {
-        let held_across = records.iter().filter(|r| {
-            r.process == pause.key
-                && matches!(r.op, Op::Section | Op::Term)
-                && r.outcome == Outcome::Info
-                && r.token.is_some()
-                && r.start_us < pause.start_us
-                && r.end_us > pause.end_us
-        });
-        for held in held_across {
+        for held in held_across(records, &holds, pause) {
             found.cases += 1;
             let (deadline, waiters) = deadline(records, held, pause.start_us, bound, margin);
             found.frozen_waiters += waiters;
-            // The resource's view: a start or append on the key under a newer token.
-            let taken = records.iter().any(|r| {
-                matches!(r.op, Op::ResourceStart | Op::ResourceAppend)
-                    && r.key == held.key
-                    && r.token > held.token
-                    && r.start_us > pause.start_us
-                    && r.start_us <= deadline
-            });
-            if !taken {
+            if !taken(records, &holds, held, (pause.start_us, deadline)) {
                 found.late.push(held.clone());
             }
         }
     }
     found
+}
+
+/// The locks `pause`'s worker held across it: exclusive holds told before the freeze and not
+/// let go before its end, and terms begun before it that did not complete.
+fn held_across<'h>(records: &'h [Record], holds: &[Hold<'h>], pause: &Record) -> Vec<&'h Record> {
+    let by_worker = |r: &Record| r.process == pause.key;
+    let mut held: Vec<&'h Record> = holds
+        .iter()
+        .filter(|h| by_worker(h.acquire) && !h.is_shared())
+        .filter(|h| h.acquire.end_us < pause.start_us)
+        .filter(|h| h.release.is_none_or(|r| r.start_us > pause.end_us))
+        .map(|h| h.acquire)
+        .collect();
+    held.extend(
+        records
+            .iter()
+            .filter(|r| by_worker(r) && r.op == Op::Term && r.outcome == Outcome::Info)
+            .filter(|r| r.token.is_some() && r.start_us < pause.start_us)
+            .filter(|r| r.end_us > pause.end_us),
+    );
+    held
+}
+
+/// Whether another worker took `held`'s key under a newer token within `(from, to]`: its
+/// exclusive acquisition returned, or its term began, then.
+fn taken(records: &[Record], holds: &[Hold<'_>], held: &Record, (from, to): (u64, u64)) -> bool {
+    let newer = |r: &Record| r.key == held.key && r.token > held.token && r.process != held.process;
+    let within = |at: u64| at > from && at <= to;
+    holds
+        .iter()
+        .any(|h| !h.is_shared() && newer(h.acquire) && within(h.acquire.end_us))
+        || records
+            .iter()
+            .any(|r| r.op == Op::Term && newer(r) && within(r.start_us))
 }
 
 /// The latest time a running worker should have `held`'s key by, its holder frozen from
@@ -77,7 +105,7 @@ fn deadline(
     let mut freed = frozen_at + bound;
     let mut passed: Vec<&str> = vec![&held.process];
     while let Some(waiter) = records.iter().find(|w| {
-        matches!(w.op, Op::Section | Op::Term)
+        matches!(w.op, Op::Section | Op::Read | Op::Increment | Op::Term)
             && w.key == held.key
             && !passed.contains(&w.process.as_str())
             && w.start_us < freed + margin

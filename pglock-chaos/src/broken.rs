@@ -1,0 +1,45 @@
+//! A lock broken on purpose, for the second negative control ([`Mode::BrokenLock`]): a lock
+//! manager that takes every lock in shared mode, exclusive requests included, and is otherwise
+//! the real one. Two workers asking for one key exclusively then both get it, each with its
+//! own fencing token, as a lock that does not exclude would hand it out.
+//!
+//! [`Mode::BrokenLock`]: crate::spec::Mode::BrokenLock
+
+use async_trait::async_trait;
+use pglock::{AcquireOptions, HeldLock, LockGuard, LockKey, LockManager, LockMode, Result};
+
+/// A manager that turns exclusive requests into shared ones (see the module docs).
+#[derive(Debug)]
+pub struct ExclusiveAsShared<M>(pub M);
+
+#[async_trait]
+impl<M: LockManager> LockManager for ExclusiveAsShared<M> {
+    async fn lock(&self, key: &LockKey, options: AcquireOptions) -> Result<Option<LockGuard>> {
+        let shared = AcquireOptions::new(LockMode::Shared, options.wait);
+        self.0.lock(key, shared).await
+    }
+
+    async fn unlock(&self, key: &LockKey) -> Result<()> {
+        self.0.unlock(key).await
+    }
+
+    async fn holds(&self, key: &LockKey) -> bool {
+        self.0.holds(key).await
+    }
+
+    async fn release_all(&self) -> Result<usize> {
+        self.0.release_all().await
+    }
+
+    async fn held_locks(&self) -> Vec<HeldLock> {
+        self.0.held_locks().await
+    }
+
+    fn held_lock_count(&self) -> usize {
+        self.0.held_lock_count()
+    }
+
+    fn holder_id(&self) -> &str {
+        self.0.holder_id()
+    }
+}
