@@ -8,7 +8,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use pglock::lock_id;
+use pglock::TransactionLock;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool};
 use uuid::Uuid;
 
@@ -132,7 +132,8 @@ impl PostgresMigrationStore {
     /// # Errors
     ///
     /// [`Error::PermissionDenied`] naming the object and the privilege the role lacks;
-    /// [`Error::Storage`] when a statement fails.
+    /// [`Error::Storage`] when a statement fails; [`Error::Lock`] when the setup's
+    /// [`TransactionLock`] could not be taken (a standby, for one).
     ///
     /// # Cancel safety
     ///
@@ -143,11 +144,10 @@ impl PostgresMigrationStore {
         }
         let failed = storage("create the migration tables");
         let mut tx = self.pool.begin().await.map_err(failed)?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1)")
-            .bind(lock_id(SCHEMA_LOCK_KEY))
-            .execute(&mut *tx)
-            .await
-            .map_err(failed)?;
+        // Concurrent setups of the same tables take turns for the length of the transaction.
+        TransactionLock::exclusive(SCHEMA_LOCK_KEY)
+            .acquire(&mut tx, None)
+            .await?;
         sqlx::raw_sql(AssertSqlSafe(self.ddl()))
             .execute(&mut *tx)
             .await
