@@ -7,7 +7,8 @@ use std::sync::Arc;
 use sqlx::postgres::PgRow;
 use sqlx::{Acquire, AssertSqlSafe, Encode, FromRow, PgConnection, Postgres, Type};
 
-use crate::error::{InvalidIdentifier, quote_identifier};
+use crate::error::InvalidIdentifier;
+use crate::sql::quote_identifier;
 
 /// A `Result` whose error is the fencing [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use sqlx::{PgConnection, Row};
 
-use crate::postgres::errors::{has_sqlstate, statement_error};
-use crate::postgres::statements::{MAX_LOCK_TIMEOUT_MS, whole_ms};
+use crate::sql::errors::{has_sqlstate, statement_error};
+use crate::sql::{MAX_LOCK_TIMEOUT_MS, whole_ms};
 use crate::{Error, LockKey, LockMode, LockTarget, Result};
 
 /// SQLSTATE `no_active_sql_transaction`: what `SAVEPOINT` answers outside a transaction block.

@@ -91,7 +91,7 @@ impl PgBackend {
             .pool
             .acquire()
             .await
-            .map_err(|err| super::errors::connection_error(key, err))?;
+            .map_err(|err| crate::sql::errors::connection_error(key, err))?;
         let mut session = PgSession::new(conn, Arc::clone(&self.idle));
         self.fencing_ready
             .get_or_try_init(|| session.prepare_fencing_table(table))
@@ -105,8 +105,8 @@ impl PgBackend {
 fn acquire_error(req: &Request<'_>, err: SessionError) -> Error {
     match err {
         SessionError::Deadline => req.timed_out(),
-        SessionError::Database(err) => super::errors::refusal(req.key, err),
-        SessionError::Closed(Some(err)) => super::errors::connection_error(req.key, err),
+        SessionError::Database(err) => crate::sql::errors::refusal(req.key, err),
+        SessionError::Closed(Some(err)) => crate::sql::errors::connection_error(req.key, err),
         SessionError::Closed(None) => Error::Connection {
             key: req.name(),
             reason: "the lock session closed".to_owned(),

@@ -83,12 +83,6 @@ impl PostgresLockManagerBuilder {
         self
     }
 
-    /// Whether to emit the [`telemetry`](crate::telemetry) spans. Default: on.
-    pub fn tracing(mut self, enabled: bool) -> Self {
-        self.common.tracing = enabled;
-        self
-    }
-
     /// Mints a [fencing token](crate::LockInfo::fencing_token) for every acquisition, kept in
     /// `table`.
     ///
@@ -315,34 +309,7 @@ impl PostgresLockManagerBuilder {
         self
     }
 
-    /// Records the [metrics](crate::telemetry::metrics) through `meter`. Default:
-    /// `opentelemetry::global::meter("pglock")`.
-    #[cfg(feature = "metrics")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-    pub fn meter(mut self, meter: opentelemetry::metrics::Meter) -> Self {
-        self.common.meter.meter = Some(meter);
-        self
-    }
-
-    /// Whether to record the [metrics](crate::telemetry::metrics). Off, the manager makes no
-    /// instruments and reads the clock only for deadlines (and for spans a subscriber wants),
-    /// as it does without the `metrics` feature. Default: on.
-    #[cfg(feature = "metrics")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-    pub fn metrics(mut self, enabled: bool) -> Self {
-        self.common.meter.disabled = !enabled;
-        self
-    }
-
-    /// Puts the holder id on every metric series as the `pglock.holder_id` attribute. Turn it
-    /// on only when holder ids are few and stable: each distinct id is a new set of series
-    /// (see [`telemetry::metrics`](crate::telemetry::metrics#cardinality)). Default: off.
-    #[cfg(feature = "metrics")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-    pub fn metrics_holder_id(mut self, enabled: bool) -> Self {
-        self.common.meter.holder_id = enabled;
-        self
-    }
+    crate::core::telemetry_setters!();
 
     /// The heartbeat of the sessions: needed to report losses, and to keep sessions heard
     /// when the server ends silent ones. At least four pings fit in the silence timeout.

@@ -2,8 +2,8 @@
 
 use std::fmt;
 
-use super::table::OwnTable;
 use crate::error::InvalidIdentifier;
+use crate::sql::table::OwnTable;
 
 /// The table in which [`PostgresLockManager`](crate::PostgresLockManager) keeps its fencing
 /// tokens: one row per lock id, holding the last token minted for it.

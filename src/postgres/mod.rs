@@ -6,22 +6,20 @@
 //! | `builder.rs` | [`PostgresLockManagerBuilder`] |
 //! | `backend.rs` | the backend the shared engine drives: try on a lock session, else wait |
 //! | `sessions.rs` | a manager's set of lock sessions: open, pick, retire |
-//! | `lock_session.rs` (+ `link.rs`, `task.rs`, `batch.rs`) | one lock session: its connection, lent to callers while idle, and the task that owns it |
+//! | `lock_session/mod.rs` (+ `link.rs`, `task.rs`, `batch.rs`) | one lock session: its connection, lent to callers while idle, and the task that owns it |
 //! | `wait.rs`, `wait_session.rs` | contended waits: in the server's queue on sessions of their own, or without one; reuse of those sessions |
 //! | `doorbell.rs` | what wakes a wait without a connection, and carries the probes for lock-order cycles |
 //! | `monitor.rs` | turning a session's end into the loss of exactly its locks |
-//! | `statements.rs`, `fencing.rs`, `errors.rs` | SQL, fencing tokens, error classification |
+//! | `statements.rs`, `fencing.rs` | the lock statements, fencing tokens (what a failed statement means is in `crate::sql`) |
 
 pub(crate) mod backend;
 mod builder;
 mod doorbell;
-pub(crate) mod errors;
 mod fencing;
 mod lock_session;
 mod monitor;
 mod sessions;
 pub(crate) mod statements;
-pub(crate) mod table;
 mod wait;
 mod wait_session;
 

@@ -1,7 +1,7 @@
 //! Telling holders that their locks went with a session.
 //!
 //! Every session that holds locks keeps itself heard and learns of its own end (see
-//! `lock_session.rs`): its heartbeat fails, goes unanswered, or the session went unheard for
+//! `lock_session/mod.rs`): its heartbeat fails, goes unanswered, or the session went unheard for
 //! longer than the server allows. The monitor turns such an end into the loss of exactly the
 //! locks that were on that session, through [`LockTable`] (what is held, and a way to declare a
 //! lock lost). It has no connection of its own: the sessions' heartbeats are the probe.

@@ -9,11 +9,11 @@ use sqlx::PgPool;
 use tokio::sync::{Notify, OnceCell};
 use tokio::time::{Instant, timeout, timeout_at};
 
-use super::errors::Failure;
 use super::lock_session::{Lease, LockSession, SessionContext, SessionEvents};
 use super::monitor::Monitor;
 use super::wait_session::{IdleSessions, PgSession, SetUp};
 use crate::core::Budget;
+use crate::sql::errors::Failure;
 use crate::{LockMode, LockTarget};
 
 pub(crate) struct SessionsConfig {

@@ -4,6 +4,7 @@
 //! The only statement built per call, the wait message, interpolates integers the crate
 //! computed and the fencing table's quoted identifier, never user text.
 
+use crate::sql::whole_ms;
 use std::sync::Arc;
 
 use super::fencing::FencingTable;
@@ -13,15 +14,6 @@ use crate::{LockMode, LockTarget};
 
 /// How often a waiting backend checks that its client is still there, in milliseconds.
 const CLIENT_CHECK_MS: u32 = 200;
-
-/// PostgreSQL's largest `lock_timeout`, in milliseconds; longer waits are split.
-pub(crate) const MAX_LOCK_TIMEOUT_MS: u128 = i32::MAX as u128;
-
-/// A duration in whole milliseconds, rounded up: a server-side timeout made of it never ends
-/// before the duration has.
-pub(crate) fn whole_ms(duration: std::time::Duration) -> u128 {
-    duration.as_nanos().div_ceil(1_000_000)
-}
 
 /// Sets up a session the manager is about to use: reports its process id, whether the server
 /// is a standby and its `max_locks_per_transaction` (for the default budget of held locks), and

@@ -14,11 +14,13 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, sleep_until, timeout, timeout_at};
 
 use super::backend::PgBackend;
-use super::errors::{Failure, LOCK_NOT_AVAILABLE, connection_error, has_sqlstate, statement_error};
 use super::lock_session::Lease;
-use super::statements::{MAX_LOCK_TIMEOUT_MS, whole_ms};
 use super::wait_session::PgSession;
 use crate::core::Request;
+use crate::sql::errors::{
+    Failure, LOCK_NOT_AVAILABLE, connection_error, has_sqlstate, statement_error,
+};
+use crate::sql::{MAX_LOCK_TIMEOUT_MS, whole_ms};
 use crate::{Error, Result};
 
 /// A wait session's place under the manager's connection cap: a kept session, or a permit to

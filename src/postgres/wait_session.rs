@@ -287,9 +287,9 @@ impl PgSession {
     pub(crate) async fn prepare_fencing_table(
         &mut self,
         table: &super::fencing::FencingTable,
-    ) -> Result<(), super::errors::Failure> {
-        use super::errors::Failure;
-        use super::table::Unready;
+    ) -> Result<(), crate::sql::errors::Failure> {
+        use crate::sql::errors::Failure;
+        use crate::sql::table::Unready;
         let prepared = table
             .table()
             .prepare(self.conn(), &table.ddl(), "pglock:fencing-table-setup")

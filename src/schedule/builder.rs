@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::{Error, Result};
 use super::{Inner, JobSpec, JobStore, ScheduledJob};
 use crate::LockManager;
-use crate::metrics::{JobMetrics, MeterChoice};
+use crate::telemetry::instruments::{JobMetrics, MeterChoice};
 
 /// The longest period or hold accepted: a hundred years.
 const LONGEST: Duration = Duration::from_secs(100 * 366 * 24 * 3600);

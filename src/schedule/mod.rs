@@ -135,7 +135,7 @@ pub use self::store::{Extension, JobRecord, JobSpec, JobState, JobStore};
 pub use self::table::JobTable;
 
 use self::lease::Lease;
-use crate::metrics::JobMetrics;
+use crate::telemetry::instruments::JobMetrics;
 use crate::telemetry::{SpanOutcome, job as names};
 use crate::{Attempt, LockGuard, LockKey, LockManager, LockManagerExt, LossCause};
 

@@ -11,8 +11,8 @@ use tokio::sync::OnceCell;
 
 use super::store::{Extension, JobRecord, JobSpec, JobState, JobStore, micros};
 use super::{Error, JobTable, Result};
-use crate::postgres::errors::{INSUFFICIENT_PRIVILEGE, has_sqlstate};
-use crate::postgres::table::Unready;
+use crate::sql::errors::{INSUFFICIENT_PRIVILEGE, has_sqlstate};
+use crate::sql::table::Unready;
 
 /// A [`JobStore`] in a PostgreSQL table ([`JobTable`]): the record survives restarts of every
 /// replica, and every time is the database's clock, so replicas agree on the windows whatever

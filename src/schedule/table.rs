@@ -3,7 +3,7 @@
 use std::fmt;
 
 use crate::InvalidIdentifier;
-use crate::postgres::table::OwnTable;
+use crate::sql::table::OwnTable;
 
 /// The table in which [`ScheduledJob`](super::ScheduledJob)s record their runs: one row per job,
 /// describing its latest claim.

@@ -13,10 +13,10 @@ use std::time::Duration;
 use sqlx::AssertSqlSafe;
 use tokio::time::{Instant, Sleep};
 
-use super::super::errors::{breaks_connection, has_sqlstate};
 use super::super::statements::{SessionStatements, Statements, target_args};
 use super::super::wait_session::PgSession;
 use super::{SessionError, Shared};
+use crate::sql::errors::{breaks_connection, has_sqlstate};
 use crate::{LockMode, LockTarget};
 
 /// A granted flag (NULL on another server session than the one set up) and the fencing token

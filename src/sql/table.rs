@@ -3,7 +3,8 @@
 
 use sqlx::PgConnection;
 
-use crate::error::{InvalidIdentifier, quote_identifier};
+use crate::error::InvalidIdentifier;
+use crate::sql::quote_identifier;
 
 /// A table named by the user, quoted as an identifier; `schema.table` names a schema, a bare
 /// name is found (and created) through the role's `search_path`.

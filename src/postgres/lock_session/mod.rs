@@ -29,7 +29,7 @@
 //!
 //! | file | what it holds |
 //! | --- | --- |
-//! | `lock_session.rs` | the handle, the idle path, leases |
+//! | `mod.rs` | the handle, the idle path, leases |
 //! | `link.rs` | the connection and the statements run on it, by either path |
 //! | `task.rs` | the task: commands, settling, heartbeats, retirement |
 //! | `batch.rs` | queued tries and unlocks run as one statement |
