@@ -12,8 +12,8 @@ use tokio::time::{Instant, sleep};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{Instrument, Span, field::Empty};
 
-use crate::metrics::{LeaderMetrics, MeterChoice};
 use crate::sync::{First, first};
+use crate::telemetry::instruments::{LeaderMetrics, MeterChoice};
 use crate::telemetry::{self, leader as names};
 use crate::{
     Attempt, LockGuard, LockInfo, LockKey, LockManager, LockManagerExt, LossCause, LossSignal,

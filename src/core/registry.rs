@@ -10,9 +10,9 @@ use std::sync::atomic::Ordering;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::spans::{self, Outcome};
 use super::turn::{Handoff, Turn, TurnPermit};
 use super::{Backend, Core, Request, Slot, Slots, Stage};
+use crate::telemetry::spans::{self, Outcome};
 use crate::telemetry::{self, outcome, via};
 use crate::{
     Error, HeldLock, LockInfo, LockKey, LockMode, LockTarget, LossCause, LossSignal, Result,

@@ -17,6 +17,10 @@
 //! Spans are emitted at `INFO` level and can be switched off per manager with the builders'
 //! `tracing(false)`.
 
+// What emits these names: the managers' spans, and the instruments of the `metrics` feature.
+pub(crate) mod instruments;
+pub(crate) mod spans;
+
 /// Records how an operation's span ended: the outcome it finished with, or
 /// [`outcome::CANCELLED`] when its future was dropped first.
 ///
