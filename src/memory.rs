@@ -146,46 +146,13 @@ impl InMemoryLockManagerBuilder {
         self
     }
 
-    /// Whether to emit the [`telemetry`](crate::telemetry) spans. Default: on.
-    pub fn tracing(mut self, enabled: bool) -> Self {
-        self.common.tracing = enabled;
-        self
-    }
-
     /// Takes locks on `server`, shared with other managers. Default: a server of its own.
     pub fn server(mut self, server: &InMemoryLockServer) -> Self {
         self.server = Some(server.clone());
         self
     }
 
-    /// Records the [metrics](crate::telemetry::metrics) through `meter`. Default:
-    /// `opentelemetry::global::meter("pglock")`.
-    #[cfg(feature = "metrics")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-    pub fn meter(mut self, meter: opentelemetry::metrics::Meter) -> Self {
-        self.common.meter.meter = Some(meter);
-        self
-    }
-
-    /// Whether to record the [metrics](crate::telemetry::metrics). Off, the manager makes no
-    /// instruments and reads the clock only for deadlines (and for spans a subscriber wants),
-    /// as it does without the `metrics` feature. Default: on.
-    #[cfg(feature = "metrics")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-    pub fn metrics(mut self, enabled: bool) -> Self {
-        self.common.meter.disabled = !enabled;
-        self
-    }
-
-    /// Puts the holder id on every metric series as the `pglock.holder_id` attribute. Turn it
-    /// on only when holder ids are few and stable: each distinct id is a new set of series
-    /// (see [`telemetry::metrics`](crate::telemetry::metrics#cardinality)). Default: off.
-    #[cfg(feature = "metrics")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-    pub fn metrics_holder_id(mut self, enabled: bool) -> Self {
-        self.common.meter.holder_id = enabled;
-        self
-    }
+    crate::core::telemetry_setters!();
 
     /// Builds the manager.
     pub fn build(self) -> InMemoryLockManager {
@@ -355,15 +322,15 @@ impl Backend for MemoryBackend {
     async fn lock(&self, req: &Request<'_>) -> Result<(Self::Session, Option<i64>)> {
         let slot = self.server.slot(req.target);
         let n = permits(req.mode);
-        let permit = match (req.timeout, req.deadline) {
-            (Some(timeout), _) if timeout.is_zero() => slot
+        let permit = match req.deadline {
+            _ if req.is_immediate() => slot
                 .try_acquire_many_owned(n)
                 .map_err(|_| req.timed_out())?,
-            (Some(_), Some(deadline)) => timeout_at(deadline, slot.acquire_many_owned(n))
+            Some(deadline) => timeout_at(deadline, slot.acquire_many_owned(n))
                 .await
                 .map_err(|_| req.timed_out())?
                 .expect("lock semaphores are never closed"),
-            _ => slot
+            None => slot
                 .acquire_many_owned(n)
                 .await
                 .expect("lock semaphores are never closed"),

@@ -11,7 +11,7 @@ pub(crate) struct Budget {
     /// Given by the user: never replaced by a derived default.
     explicit: bool,
     used: AtomicUsize,
-    metrics: crate::metrics::Metrics,
+    metrics: crate::telemetry::instruments::Metrics,
 }
 
 const UNSET: usize = usize::MAX;
@@ -23,7 +23,10 @@ pub(crate) struct Slot {
 
 impl Budget {
     /// A budget of `limit` locks, or one to be derived later (`None`).
-    pub(crate) fn new(limit: Option<usize>, metrics: crate::metrics::Metrics) -> Arc<Self> {
+    pub(crate) fn new(
+        limit: Option<usize>,
+        metrics: crate::telemetry::instruments::Metrics,
+    ) -> Arc<Self> {
         let budget = Budget {
             limit: AtomicUsize::new(limit.unwrap_or(UNSET)),
             explicit: limit.is_some(),

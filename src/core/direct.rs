@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Backend, Core};
-use crate::{Error, LockGuard, LockKey, LockMode, Result};
+use crate::{LockGuard, LockKey, LockMode, Result};
 
 impl<B: Backend> Core<B> {
     /// [`LockManagerExt::acquire`](crate::LockManagerExt::acquire) in `mode`.
@@ -19,8 +19,8 @@ impl<B: Backend> Core<B> {
         mode: LockMode,
         timeout: Option<Duration>,
     ) -> Result<LockGuard> {
-        self.refuse_nested(&key)?;
-        self.acquire(&key, mode, timeout).await
+        crate::scope::refuse_nested(self.holder_id(), &key)?;
+        self.acquire(&key, mode, crate::Wait::from(timeout)).await
     }
 
     /// [`LockManagerExt::try_acquire`](crate::LockManagerExt::try_acquire) in `mode`.
@@ -29,21 +29,13 @@ impl<B: Backend> Core<B> {
         key: LockKey,
         mode: LockMode,
     ) -> Result<Option<LockGuard>> {
-        self.refuse_nested(&key)?;
+        crate::scope::refuse_nested(self.holder_id(), &key)?;
         self.try_acquire(&key, mode).await
-    }
-
-    /// Inside the critical section of `key`, waiting would wait for itself.
-    fn refuse_nested(&self, key: &LockKey) -> Result<()> {
-        if crate::scope::is_inside(self.holder_id(), key) {
-            return Err(Error::Reentrant { key: key.clone() });
-        }
-        Ok(())
     }
 }
 
-/// The inherent `acquire`, `acquire_shared`, `try_acquire` and `try_acquire_shared` of a
-/// manager type that wraps `core: Arc<Core<_>>`. Method calls on the concrete type pick these
+/// The inherent `acquire`, `acquire_shared`, `try_acquire`, `try_acquire_shared`, `release`
+/// and `is_held` of a manager type that wraps `core: Arc<Core<_>>`. Method calls on the concrete type pick these
 /// over [`LockManagerExt`](crate::LockManagerExt)'s, which stay for generic and `dyn` callers.
 macro_rules! direct_acquisitions {
     ($manager:ty) => {
@@ -137,6 +129,33 @@ macro_rules! direct_acquisitions {
                     .try_acquire_checked(key, $crate::LockMode::Shared)
                     .await
                     .map($crate::Attempt::from)
+            }
+
+            /// Releases this manager's lock on `key`, however it was taken: exactly
+            /// [`LockManagerExt::release`]($crate::LockManagerExt::release).
+            ///
+            /// # Errors
+            ///
+            /// [`Error::NotHeld`]($crate::Error::NotHeld) when this manager does not hold
+            /// `key`; [`Error::ReleaseFailed`]($crate::Error::ReleaseFailed) when the release
+            /// could not be confirmed (the registry forgets the lock either way).
+            ///
+            /// # Cancel safety
+            ///
+            /// Cancel safe: once the registry has forgotten the lock, it is released even if
+            /// the future is dropped.
+            pub async fn release(&self, key: impl Into<$crate::LockKey>) -> $crate::Result<()> {
+                self.core.release(&key.into()).await
+            }
+
+            /// True when this manager holds `key`: exactly
+            /// [`LockManagerExt::is_held`]($crate::LockManagerExt::is_held).
+            ///
+            /// # Cancel safety
+            ///
+            /// Cancel safe: it only reads.
+            pub async fn is_held(&self, key: impl Into<$crate::LockKey>) -> bool {
+                self.core.is_held(&key.into()).await
             }
         }
     };

@@ -14,7 +14,6 @@
 //! | `cycles.rs` | lock-order cycles among the manager's own callers |
 //! | `liveness.rs` | how long a lock can be trusted without hearing from its session |
 //! | `options.rs` | what the engine is built with, and the part both managers' builders share |
-//! | `spans.rs` | tracing spans and their outcomes |
 
 mod budget;
 mod cycles;
@@ -26,7 +25,6 @@ mod registry;
 #[cfg(test)]
 mod sim;
 mod slots;
-mod spans;
 mod turn;
 
 use std::future::Future;
@@ -44,17 +42,17 @@ pub(crate) use self::cycles::Waits;
 pub(crate) use self::direct::direct_acquisitions;
 pub(crate) use self::guard::CoreGuard;
 pub(crate) use self::liveness::Liveness;
-pub(crate) use self::options::{CommonOptions, HandoffLimits, Options};
+pub(crate) use self::options::{CommonOptions, HandoffLimits, Options, telemetry_setters};
 pub(crate) use self::registry::Watched;
 use self::registry::{Granted, State};
 #[cfg(test)]
 pub(crate) use self::sim::SimBackend;
 pub(crate) use self::slots::Slots;
-use self::spans::Outcome;
 use self::turn::TurnPermit;
 use crate::hooks::{Stage, StageHook};
 use crate::manager::{AcquireOptions, Wait};
 use crate::telemetry::outcome;
+use crate::telemetry::spans::{self, Outcome};
 use crate::{Error, LockGuard, LockInfo, LockKey, LockMode, LockTarget, LossCause, Result};
 
 /// The hasher of the engine's maps, keyed by [`LockKey`]s whose hash is their lock id: a
@@ -90,24 +88,29 @@ pub(crate) struct Request<'a> {
     /// `target` as one number (see `LockTarget::packed`): the fencing table's row.
     pub(crate) lock_id: i64,
     pub(crate) mode: LockMode,
-    /// What the caller asked for; `Some(ZERO)` means exactly one immediate attempt.
-    pub(crate) timeout: Option<Duration>,
-    /// `timeout` turned into an instant when the call started; `None` when there is no
-    /// timeout, or one too long to be represented (which is waited out like no timeout).
+    /// How long the caller will wait: the port's own form, from the caller to the backend
+    /// (`Wait::No` and a zero `Wait::For` both make exactly one immediate attempt).
+    pub(crate) wait: Wait,
+    /// A `Wait::For` turned into an instant when the call started; `None` when there is no
+    /// bound, or one too long to be represented (which is waited out like none).
     pub(crate) deadline: Option<Instant>,
 }
 
 impl Request<'_> {
-    /// True for `Some(Duration::ZERO)` and `try_acquire`: one attempt, no waiting.
+    /// True for `try_acquire` and a zero timeout: one attempt, no waiting.
     pub(crate) fn is_immediate(&self) -> bool {
-        self.timeout.is_some_and(|t| t.is_zero())
+        match self.wait {
+            Wait::No => true,
+            Wait::For(timeout) => timeout.is_zero(),
+            Wait::Forever => false,
+        }
     }
 
     /// The timeout error of this request.
     pub(crate) fn timed_out(&self) -> Error {
         Error::Timeout {
             key: self.key.clone(),
-            timeout: self.timeout.unwrap_or_default(),
+            timeout: self.wait.bound().unwrap_or_default(),
         }
     }
 
@@ -223,7 +226,7 @@ pub(crate) struct Core<B: Backend> {
     /// Mirrors `state.held.len()` for the synchronous `held_lock_count`; only changed under
     /// the state lock.
     held: AtomicUsize,
-    metrics: crate::metrics::Metrics,
+    metrics: crate::telemetry::instruments::Metrics,
     generations: AtomicU64,
     holder_id: Arc<str>,
     tracing: bool,
@@ -304,10 +307,11 @@ impl<B: Backend> Core<B> {
         self: &Arc<Self>,
         key: &LockKey,
         mode: LockMode,
-        timeout: Option<Duration>,
+        wait: Wait,
     ) -> Result<LockGuard> {
         let target = key.target();
         let lock_id = target.packed();
+        let timeout = wait.bound();
         let span = spans::acquire_span(self.tracing, key, lock_id, mode, timeout, self.holder_id());
         let observed = !span.is_none() || self.metrics.is_on();
         // The clock is read here only for a deadline, a span or a metric.
@@ -317,7 +321,7 @@ impl<B: Backend> Core<B> {
             target,
             lock_id,
             mode,
-            timeout,
+            wait,
             // A timeout too long for the clock (`Duration::MAX`) is waited out like none.
             deadline: timeout.zip(started).and_then(|(t, at)| at.checked_add(t)),
         };
@@ -457,7 +461,7 @@ impl<B: Backend> Core<B> {
             target,
             lock_id,
             mode,
-            timeout: Some(Duration::ZERO),
+            wait: Wait::No,
             deadline: None,
         };
         if span.is_none() && !self.metrics.is_on() {
@@ -543,11 +547,7 @@ impl<B: Backend> Core<B> {
     ) -> Result<Option<LockGuard>> {
         match options.wait {
             Wait::No => self.try_acquire(key, options.mode).await,
-            Wait::For(timeout) => self
-                .acquire(key, options.mode, Some(timeout))
-                .await
-                .map(Some),
-            Wait::Forever => self.acquire(key, options.mode, None).await.map(Some),
+            wait => self.acquire(key, options.mode, wait).await.map(Some),
         }
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::Budget;
 use crate::hooks::StageHook;
-use crate::metrics::{MeterChoice, Metrics};
+use crate::telemetry::instruments::{MeterChoice, Metrics};
 
 pub(crate) struct Options {
     pub(crate) metrics: Metrics,
@@ -88,3 +88,45 @@ impl std::fmt::Debug for CommonOptions {
             .finish_non_exhaustive()
     }
 }
+
+/// The setters every manager's builder has, meaning the same on each: spans and metrics.
+/// Expands inside the builder's `impl` block; the builder keeps a `common: CommonOptions`.
+macro_rules! telemetry_setters {
+    () => {
+        /// Whether to emit the [`telemetry`](crate::telemetry) spans. Default: on.
+        pub fn tracing(mut self, enabled: bool) -> Self {
+            self.common.tracing = enabled;
+            self
+        }
+
+        /// Records the [metrics](crate::telemetry::metrics) through `meter`. Default:
+        /// `opentelemetry::global::meter("pglock")`.
+        #[cfg(feature = "metrics")]
+        #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+        pub fn meter(mut self, meter: opentelemetry::metrics::Meter) -> Self {
+            self.common.meter.meter = Some(meter);
+            self
+        }
+
+        /// Whether to record the [metrics](crate::telemetry::metrics). Off, the manager makes no
+        /// instruments and reads the clock only for deadlines (and for spans a subscriber wants),
+        /// as it does without the `metrics` feature. Default: on.
+        #[cfg(feature = "metrics")]
+        #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+        pub fn metrics(mut self, enabled: bool) -> Self {
+            self.common.meter.disabled = !enabled;
+            self
+        }
+
+        /// Puts the holder id on every metric series as the `pglock.holder_id` attribute. Turn it
+        /// on only when holder ids are few and stable: each distinct id is a new set of series
+        /// (see [`telemetry::metrics`](crate::telemetry::metrics#cardinality)). Default: off.
+        #[cfg(feature = "metrics")]
+        #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+        pub fn metrics_holder_id(mut self, enabled: bool) -> Self {
+            self.common.meter.holder_id = enabled;
+            self
+        }
+    };
+}
+pub(crate) use telemetry_setters;
