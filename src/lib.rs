@@ -23,10 +23,9 @@
 //! | [`FencingTable`], [`fence`] | Fencing tokens minted with each acquisition, and the resource side for rows of your own tables ([`RowFence`]). |
 //! | [`leader`] | [`LeaderElection`]: a campaign, leadership as a `watch`, leader work cancelled when the lock goes. |
 //! | [`schedule`] | [`ScheduledJob`]: a job run at most once per time window across every process, with its record in PostgreSQL. |
-//! | [`semaphore`] | [`Semaphore`](semaphore::Semaphore): at most N holders of a name at once, in arrival order. |
+//! | [`semaphore`] | [`Semaphore`]: at most N holders of a name at once, in arrival order. |
 //! | [`inspect`] | Who holds and who waits for each advisory lock, read from `pg_locks` and `pg_stat_activity`. |
 //! | [`telemetry`] | Span, field and metric names. |
-//! | [`hooks`] | Seams for cancellation tests: a lock operation's await points, named. |
 //!
 //! # Example
 //!
@@ -63,6 +62,7 @@
 //! | feature | default | enables |
 //! | --- | --- | --- |
 //! | `metrics` | no | OpenTelemetry metrics of the managers, leader elections and scheduled jobs (see [`telemetry::metrics`]); their builders gain a `meter` method, the managers' and the election's a `metrics_holder_id` method. |
+//! | `test-hooks` | no | `pglock::hooks`: seams for cancellation tests, naming a lock operation's await points. `pglock-testing` turns it on; not for production code. |
 //!
 //! # The crates beside this one
 //!
@@ -113,7 +113,13 @@ mod error;
 mod ext;
 pub mod fence;
 mod guard;
+#[cfg(feature = "test-hooks")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-hooks")))]
 pub mod hooks;
+// Without the feature the engine still names its stages; nothing can install a hook.
+#[cfg(not(feature = "test-hooks"))]
+#[allow(unreachable_pub, dead_code)]
+mod hooks;
 mod identity;
 mod info;
 pub mod inspect;
@@ -123,11 +129,11 @@ mod lock_set;
 mod loss;
 mod manager;
 mod memory;
-mod metrics;
 mod postgres;
 pub mod schedule;
 mod scope;
 pub mod semaphore;
+mod sql;
 mod sync;
 pub mod telemetry;
 mod xact;
@@ -146,6 +152,7 @@ pub use crate::manager::{AcquireOptions, LockManager, Wait};
 pub use crate::memory::{InMemoryLockManager, InMemoryLockManagerBuilder, InMemoryLockServer};
 pub use crate::postgres::{FencingTable, PostgresLockManager, PostgresLockManagerBuilder};
 pub use crate::schedule::ScheduledJob;
+pub use crate::semaphore::Semaphore;
 pub use crate::xact::TransactionLock;
 
 /// The traits and types most code needs: `use pglock::prelude::*;`.
