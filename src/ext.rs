@@ -10,10 +10,12 @@ use crate::{Attempt, Error, LockGuard, LockInfo, LockKey, LockManager, LockMode,
 /// `dyn LockManager`.
 ///
 /// Import it next to the trait (`use pglock::{LockManager, LockManagerExt};`, or
-/// `use pglock::prelude::*;`). The managers of this crate also have `acquire`, `acquire_shared`,
-/// `try_acquire` and `try_acquire_shared` as inherent methods, which mean exactly what these do
-/// and which method syntax on the concrete type picks: they skip the allocation that reaching
-/// the engine through the object-safe port costs. Every method that takes a key takes any kind of key: a string
+/// `use pglock::prelude::*;`): that one import gives the same API on a concrete manager and
+/// on `Arc<dyn LockManager>`. The managers of this crate also have `acquire`,
+/// `acquire_shared`, `try_acquire`, `try_acquire_shared`, `release` and `is_held` as inherent
+/// methods, which mean exactly what these do and which method syntax on the concrete type
+/// picks: the acquisitions skip the allocation that reaching the engine through the
+/// object-safe port costs. Every method that takes a key takes any kind of key: a string
 /// (hashed with the frozen [`lock_id`](crate::lock_id) derivation), an `i64`, an `(i32, i32)`
 /// pair or a [`LockKey`].
 ///
@@ -414,21 +416,13 @@ pub trait LockManagerExt: LockManager {
 
 impl<M: LockManager + ?Sized> LockManagerExt for M {}
 
-/// Refuses a nested acquisition, then asks the port.
-fn refuse_nested<M: LockManager + ?Sized>(manager: &M, key: &LockKey) -> Result<()> {
-    if crate::scope::is_inside(manager.holder_id(), key) {
-        return Err(Error::Reentrant { key: key.clone() });
-    }
-    Ok(())
-}
-
 pub(crate) async fn acquire<M: LockManager + ?Sized>(
     manager: &M,
     key: LockKey,
     mode: LockMode,
     timeout: Option<Duration>,
 ) -> Result<LockGuard> {
-    refuse_nested(manager, &key)?;
+    crate::scope::refuse_nested(manager.holder_id(), &key)?;
     let options = AcquireOptions::new(mode, Wait::from(timeout));
     match manager.lock(&key, options).await? {
         Some(guard) => Ok(guard),
@@ -446,7 +440,7 @@ async fn try_acquire<M: LockManager + ?Sized>(
     key: LockKey,
     mode: LockMode,
 ) -> Result<Attempt> {
-    refuse_nested(manager, &key)?;
+    crate::scope::refuse_nested(manager.holder_id(), &key)?;
     let guard = manager
         .lock(&key, AcquireOptions::new(mode, Wait::No))
         .await?;

@@ -228,6 +228,16 @@ pub enum Wait {
     Forever,
 }
 
+impl Wait {
+    /// The bound of a `Wait::For`; `None` for the others.
+    pub(crate) fn bound(self) -> Option<Duration> {
+        match self {
+            Wait::For(timeout) => Some(timeout),
+            Wait::No | Wait::Forever => None,
+        }
+    }
+}
+
 impl From<Option<Duration>> for Wait {
     /// `None` waits forever, `Some(t)` at most `t`: the `timeout` argument of
     /// [`acquire`](crate::LockManagerExt::acquire).

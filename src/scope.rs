@@ -30,6 +30,15 @@ struct Frame {
 /// inside one, and the task-local lookup (on every acquisition) is skipped.
 static ANY_SECTION: AtomicBool = AtomicBool::new(false);
 
+/// Refuses an acquisition of `key` inside a critical section of `holder` on it, where waiting
+/// would wait for itself: the one home of the nesting rule.
+pub(crate) fn refuse_nested(holder: &str, key: &LockKey) -> crate::Result<()> {
+    if is_inside(holder, key) {
+        return Err(crate::Error::Reentrant { key: key.clone() });
+    }
+    Ok(())
+}
+
 /// True when the caller runs inside a critical section of `holder` on `key`.
 pub(crate) fn is_inside(holder: &str, key: &LockKey) -> bool {
     // Relaxed suffices: a section is entered by the task that polls it, so a caller inside one

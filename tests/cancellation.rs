@@ -16,10 +16,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use common::{app_name, assert_pool_clean, eventually, key, lock_rows, observer, pool_named};
-use pglock::{
-    InMemoryLockManager, InMemoryLockServer, LockManager, LockManagerExt, PostgresLockManager,
-    lock_id,
-};
+use pglock::{InMemoryLockManager, InMemoryLockServer, LockManager, PostgresLockManager, lock_id};
 use pglock_testing::{Stage, pause_at};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;

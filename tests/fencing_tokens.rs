@@ -10,10 +10,7 @@ use std::time::Duration;
 use common::proxy::Proxy;
 use common::stages::StageCounts;
 use common::{app_name, eventually_waiting, key, lock_rows, observer, pool_named};
-use pglock::{
-    Error, FencingTable, InMemoryLockManager, LockManagerExt, LossCause, PostgresLockManager,
-    lock_id,
-};
+use pglock::{Error, FencingTable, InMemoryLockManager, LossCause, PostgresLockManager, lock_id};
 use pglock_testing::{Stage, TempPostgres};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;

@@ -20,8 +20,7 @@ use common::{app_name, lock_rows, observer, pool_named};
 use pglock::leader::Error as LeaderError;
 use pglock::{
     AcquireOptions, Error, FencingTable, InMemoryLockManager, InMemoryLockServer, LeaderElection,
-    Leadership, LockGuard, LockInfo, LockKey, LockManager, LockManagerExt, LossCause,
-    PostgresLockManager, lock_id,
+    Leadership, LockGuard, LockInfo, LockKey, LockManager, LossCause, PostgresLockManager, lock_id,
 };
 use pglock_testing::{Stage, pause_at};
 use sqlx::{AssertSqlSafe, PgPool};

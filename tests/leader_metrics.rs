@@ -15,7 +15,7 @@ use opentelemetry_sdk::metrics::data::ResourceMetrics;
 use pglock::telemetry::{HOLDER_ID, leader, metrics};
 use pglock::{
     InMemoryLockManager, InMemoryLockServer, LeaderElection, Leadership, LockInfo, LockManager,
-    LockManagerExt, PostgresLockManager,
+    PostgresLockManager,
 };
 use tokio::sync::watch;
 use tokio::time::Instant;

@@ -11,9 +11,7 @@ mod common;
 use std::time::Duration;
 
 use common::{app_name, key, observer, pool_named};
-use pglock::{
-    Error, InMemoryLockManager, LockGuard, LockManager, LockManagerExt, PostgresLockManager,
-};
+use pglock::{Error, InMemoryLockManager, LockGuard, LockManager, PostgresLockManager};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 

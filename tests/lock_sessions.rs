@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use common::proxy::Proxy;
 use common::{app_name, eventually, key, lock_rows, observer, pool_named};
-use pglock::{FencingTable, LockGuard, LockManager, LockManagerExt, PostgresLockManager, lock_id};
+use pglock::{FencingTable, LockGuard, LockManager, PostgresLockManager, lock_id};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::meters::{Pipeline, all_points, attribute_keys, points, series};
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
 use pglock::telemetry::{self, metrics, outcome};
-use pglock::{InMemoryLockManager, LockManagerExt, LossCause, PostgresLockManager};
+use pglock::{InMemoryLockManager, LossCause, PostgresLockManager};
 
 const INSTRUMENTS: [&str; 5] = [
     metrics::ACQUIRE_WAIT,

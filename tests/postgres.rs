@@ -15,7 +15,7 @@ use common::{
     advisory_locks_of, app_name, assert_pool_clean, eventually, eventually_waiting, key, lock_rows,
     observer, pool_named, sessions_of,
 };
-use pglock::{Error, LockManager, LockManagerExt, PostgresLockManager, lock_id, split_lock_id};
+use pglock::{Error, LockManager, PostgresLockManager, lock_id, split_lock_id};
 use pglock_testing::Stage;
 use sqlx::postgres::PgPoolOptions;
 use tokio::sync::mpsc;

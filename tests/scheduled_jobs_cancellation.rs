@@ -18,7 +18,7 @@ use std::time::Duration;
 use common::jobs::{db_now, job_name, private_table, row, until_db_time};
 use common::{app_name, assert_pool_clean, eventually, observer, pool_named, within};
 use pglock::schedule::{JobTable, RunOutcome, ScheduledJob};
-use pglock::{LockManagerExt, PostgresLockManager, lock_id};
+use pglock::{PostgresLockManager, lock_id};
 use pglock_testing::{Pause, Stage, pause_at};
 use sqlx::{Connection, PgConnection, PgPool};
 

@@ -11,7 +11,7 @@ use opentelemetry::Value;
 use opentelemetry::trace::{SpanId, Status};
 use opentelemetry_sdk::trace::SpanData;
 use pglock::telemetry::{self, outcome, via};
-use pglock::{LockManagerExt, PostgresLockManager, lock_id};
+use pglock::{PostgresLockManager, lock_id};
 use tracing::Instrument;
 
 /// The value of attribute `key`, asserting it was recorded at most once.
