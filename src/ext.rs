@@ -3,8 +3,11 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::manager::{AcquireOptions, Wait};
-use crate::{Attempt, Error, LockGuard, LockInfo, LockKey, LockManager, LockMode, Result};
+use crate::manager::acquire;
+use crate::{
+    AcquireOptions, Attempt, Error, LockGuard, LockInfo, LockKey, LockManager, LockMode, Result,
+    Wait,
+};
 
 /// Taking and releasing locks: the methods callers use, on every [`LockManager`] including
 /// `dyn LockManager`.
@@ -415,25 +418,6 @@ pub trait LockManagerExt: LockManager {
 }
 
 impl<M: LockManager + ?Sized> LockManagerExt for M {}
-
-pub(crate) async fn acquire<M: LockManager + ?Sized>(
-    manager: &M,
-    key: LockKey,
-    mode: LockMode,
-    timeout: Option<Duration>,
-) -> Result<LockGuard> {
-    crate::scope::refuse_nested(manager.holder_id(), &key)?;
-    let options = AcquireOptions::new(mode, Wait::from(timeout));
-    match manager.lock(&key, options).await? {
-        Some(guard) => Ok(guard),
-        // Only `Wait::No` may answer `None`; a manager that does so for a wait breaks the
-        // port's contract, and the caller still deserves its timeout.
-        None => Err(Error::Timeout {
-            key,
-            timeout: timeout.unwrap_or_default(),
-        }),
-    }
-}
 
 async fn try_acquire<M: LockManager + ?Sized>(
     manager: &M,

@@ -3,11 +3,7 @@
 use std::fmt;
 use std::future::Future;
 
-use async_trait::async_trait;
-
-use crate::core::CoreGuard;
-use crate::memory::MemoryBackend;
-use crate::postgres::backend::PgBackend;
+use crate::exit::{Exit, GuardBackend};
 use crate::{Error, LockInfo, LossCause, LossSignal, Result};
 
 /// Proof that a lock is held, handed back by every acquisition
@@ -43,30 +39,6 @@ pub struct LockGuard {
     info: LockInfo,
     loss: LossSignal,
     exit: Option<Exit>,
-}
-
-/// Who releases a guard's acquisition. The managers of this crate keep their guards unboxed,
-/// one variant each, so the common release is a `match` rather than an allocation and a boxed
-/// future; implementors of [`LockManager`](crate::LockManager) elsewhere come in as `Custom`.
-pub(crate) enum Exit {
-    Postgres(CoreGuard<PgBackend>),
-    Memory(CoreGuard<MemoryBackend>),
-    /// The engine's simulation, in the crate's own tests.
-    #[cfg(test)]
-    Sim(CoreGuard<crate::core::SimBackend>),
-    Custom(Box<dyn GuardBackend>),
-}
-
-impl fmt::Debug for Exit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Exit::Postgres(guard) => guard.fmt(f),
-            Exit::Memory(guard) => guard.fmt(f),
-            #[cfg(test)]
-            Exit::Sim(guard) => guard.fmt(f),
-            Exit::Custom(backend) => backend.fmt(f),
-        }
-    }
 }
 
 impl LockGuard {
@@ -179,11 +151,7 @@ impl LockGuard {
     /// that holds the lock is closed. The lock is never left held.
     pub async fn release(mut self) -> Result<()> {
         match self.exit.take() {
-            Some(Exit::Postgres(guard)) => guard.release(&self.loss).await,
-            Some(Exit::Memory(guard)) => guard.release(&self.loss).await,
-            #[cfg(test)]
-            Some(Exit::Sim(guard)) => guard.release(&self.loss).await,
-            Some(Exit::Custom(backend)) => backend.release().await,
+            Some(exit) => exit.release(&self.loss).await,
             None => Ok(()),
         }
     }
@@ -207,13 +175,8 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub fn leak(mut self) -> LockInfo {
-        match self.exit.take() {
-            Some(Exit::Postgres(guard)) => guard.leak(),
-            Some(Exit::Memory(guard)) => guard.leak(),
-            #[cfg(test)]
-            Some(Exit::Sim(guard)) => guard.leak(),
-            Some(Exit::Custom(backend)) => backend.leak(),
-            None => {}
+        if let Some(exit) = self.exit.take() {
+            exit.leak();
         }
         self.info.clone()
     }
@@ -230,34 +193,3 @@ impl fmt::Debug for LockGuard {
 }
 
 // Dropping `exit` is the background release: see `GuardBackend` and `CoreGuard`'s `Drop`.
-
-/// The implementor's side of a [`LockGuard`].
-///
-/// Implementations of [`LockManager`](crate::LockManager) hand one of these to
-/// [`LockGuard::new`]. The guard calls exactly one of [`release`](GuardBackend::release) and
-/// [`leak`](GuardBackend::leak), or neither, in which case it drops the backend.
-///
-/// # Contract
-///
-/// * **Drop releases.** Dropping a backend on which neither method was called must start
-///   releasing its acquisition without blocking (typically on a spawned task). Dropping the
-///   future returned by `release` before it completes must do the same.
-/// * **Own acquisition only, and silently.** A backend releases only the acquisition it was
-///   created for, and its own release does not fire the loss signal. If that acquisition went
-///   already (declared lost, or released through the manager, both of which fire the signal),
-///   `release` returns [`Error::LockLost`] with the signal's cause and dropping does nothing,
-///   even when the same key has been acquired again since.
-/// * **Loss.** [`loss_signal`](GuardBackend::loss_signal) returns the acquisition's signal,
-///   which the manager fires whenever the lock goes other than through this backend.
-#[async_trait]
-pub trait GuardBackend: Send + Sync + fmt::Debug + 'static {
-    /// Releases the acquisition now; see [`LockGuard::release`] for the meaning of the result.
-    async fn release(self: Box<Self>) -> Result<()>;
-
-    /// Hands the acquisition to the manager's registry without releasing it; see
-    /// [`LockGuard::leak`].
-    fn leak(self: Box<Self>);
-
-    /// The signal fired when this acquisition goes other than through this backend.
-    fn loss_signal(&self) -> LossSignal;
-}

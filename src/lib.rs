@@ -110,6 +110,7 @@
 mod attempt;
 mod core;
 mod error;
+mod exit;
 mod ext;
 pub mod fence;
 mod guard;
@@ -128,6 +129,7 @@ pub mod leader;
 mod lock_set;
 mod loss;
 mod manager;
+mod managers;
 mod memory;
 mod postgres;
 pub mod schedule;
@@ -136,23 +138,26 @@ pub mod semaphore;
 mod sql;
 mod sync;
 pub mod telemetry;
+mod wait;
 mod xact;
 
 pub use crate::attempt::Attempt;
 pub use crate::error::{Error, InvalidIdentifier, ReleaseFailure, Result};
+pub use crate::exit::GuardBackend;
 pub use crate::ext::LockManagerExt;
 pub use crate::fence::RowFence;
-pub use crate::guard::{GuardBackend, LockGuard};
+pub use crate::guard::LockGuard;
 pub use crate::info::{HeldLock, LockInfo, LockMode};
 pub use crate::key::{LockKey, LockTarget, lock_id, migration_lock_key, split_lock_id};
 pub use crate::leader::{LeaderElection, Leadership};
 pub use crate::lock_set::LockSet;
 pub use crate::loss::{LossCause, LossSignal};
-pub use crate::manager::{AcquireOptions, LockManager, Wait};
+pub use crate::manager::LockManager;
 pub use crate::memory::{InMemoryLockManager, InMemoryLockManagerBuilder, InMemoryLockServer};
 pub use crate::postgres::{FencingTable, PostgresLockManager, PostgresLockManagerBuilder};
 pub use crate::schedule::ScheduledJob;
 pub use crate::semaphore::Semaphore;
+pub use crate::wait::{AcquireOptions, Wait};
 pub use crate::xact::TransactionLock;
 
 /// The traits and types most code needs: `use pglock::prelude::*;`.

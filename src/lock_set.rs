@@ -177,7 +177,7 @@ pub(crate) async fn acquire_all<M: LockManager + ?Sized>(
             (Some(_), Some(deadline)) => Some(deadline.saturating_duration_since(Instant::now())),
             (timeout, _) => timeout,
         };
-        let acquired = crate::ext::acquire(manager, key, mode, left).await;
+        let acquired = crate::manager::acquire(manager, key, mode, left).await;
         match acquired {
             Ok(guard) => guards.push(guard),
             Err(err) => {

@@ -1,11 +1,10 @@
 //! The lock manager port.
 
 use std::fmt;
-use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::{HeldLock, LockGuard, LockKey, LockMode, Result};
+use crate::{AcquireOptions, HeldLock, LockGuard, LockKey, LockMode, Result, Wait};
 
 /// A named mutual-exclusion lock service: the port every lock manager implements.
 ///
@@ -199,49 +198,23 @@ pub trait LockManager: Send + Sync + fmt::Debug {
     fn holder_id(&self) -> &str;
 }
 
-/// How [`LockManager::lock`] should take a lock: in which mode, and how long to wait.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct AcquireOptions {
-    /// Exclusive or shared.
-    pub mode: LockMode,
-    /// Whether, and how long, to wait for another holder.
-    pub wait: Wait,
-}
-
-impl AcquireOptions {
-    /// Options for `mode`, waiting as `wait` says.
-    pub fn new(mode: LockMode, wait: Wait) -> Self {
-        AcquireOptions { mode, wait }
-    }
-}
-
-/// How long an acquisition waits for another holder to let go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wait {
-    /// One attempt; a held key is `Ok(None)`, not an error.
-    No,
-    /// At most this long from the call; then [`Error::Timeout`](crate::Error::Timeout). Zero
-    /// makes one attempt that fails with the timeout when the key is held.
-    For(Duration),
-    /// As long as it takes.
-    Forever,
-}
-
-impl Wait {
-    /// The bound of a `Wait::For`; `None` for the others.
-    pub(crate) fn bound(self) -> Option<Duration> {
-        match self {
-            Wait::For(timeout) => Some(timeout),
-            Wait::No | Wait::Forever => None,
-        }
-    }
-}
-
-impl From<Option<Duration>> for Wait {
-    /// `None` waits forever, `Some(t)` at most `t`: the `timeout` argument of
-    /// [`acquire`](crate::LockManagerExt::acquire).
-    fn from(timeout: Option<Duration>) -> Self {
-        timeout.map_or(Wait::Forever, Wait::For)
+/// Waits for `key` through the port, as every caller's acquisition does: refused inside a
+/// critical section of the key, a `None` for a wait made the caller's timeout.
+pub(crate) async fn acquire<M: LockManager + ?Sized>(
+    manager: &M,
+    key: LockKey,
+    mode: LockMode,
+    timeout: Option<std::time::Duration>,
+) -> Result<LockGuard> {
+    crate::scope::refuse_nested(manager.holder_id(), &key)?;
+    let options = AcquireOptions::new(mode, Wait::from(timeout));
+    match manager.lock(&key, options).await? {
+        Some(guard) => Ok(guard),
+        // Only `Wait::No` may answer `None`; a manager that does so for a wait breaks the
+        // port's contract, and the caller still deserves its timeout.
+        None => Err(crate::Error::Timeout {
+            key,
+            timeout: timeout.unwrap_or_default(),
+        }),
     }
 }

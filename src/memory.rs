@@ -6,11 +6,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::timeout_at;
 
-use crate::core::{
-    Backend, CommonOptions, Core, CoreGuard, HandoffLimits, Request, Slots, Waits,
-    delegate_lock_manager,
-};
-use crate::guard::Exit;
+use crate::core::{Backend, CommonOptions, Core, HandoffLimits, Request, Slots, Waits};
 use crate::{LockKey, LockMode, LockTarget, LossCause, Result};
 
 /// A [`LockManager`](crate::LockManager) that lives inside one process, for unit tests.
@@ -46,7 +42,7 @@ use crate::{LockKey, LockMode, LockTarget, LossCause, Result};
 /// ```
 #[derive(Clone)]
 pub struct InMemoryLockManager {
-    core: Arc<Core<MemoryBackend>>,
+    pub(crate) core: Arc<Core<MemoryBackend>>,
 }
 
 impl InMemoryLockManager {
@@ -119,8 +115,6 @@ impl fmt::Debug for InMemoryLockManager {
             .finish_non_exhaustive()
     }
 }
-
-delegate_lock_manager!(InMemoryLockManager);
 
 /// Builds an [`InMemoryLockManager`].
 #[must_use = "a builder does nothing until `build` is called"]
@@ -363,9 +357,5 @@ impl Backend for MemoryBackend {
     ) -> Result<()> {
         drop(session);
         Ok(())
-    }
-
-    fn exit(guard: CoreGuard<Self>) -> Exit {
-        Exit::Memory(guard)
     }
 }

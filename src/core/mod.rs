@@ -6,20 +6,18 @@
 //! | --- | --- |
 //! | `mod.rs` | the backend interface, the acquisition paths |
 //! | `registry.rs` | held locks: register, list, release, release all, declare lost |
-//! | `direct.rs` | the managers' inherent acquisitions, which skip the port's boxing |
+//! | `direct.rs` | the acquisitions behind the managers' inherent methods, which skip the port's boxing |
 //! | `guard.rs` | a guard's handle on its registry entry |
 //! | `turn.rs` | the per-key FIFO queue of one manager's tasks, and the in-process handoff |
 //! | `slots.rs` | the table of per-key queues, which forgets keys nobody waits for |
 //! | `budget.rs` | how many locks the manager may hold at once |
 //! | `cycles.rs` | lock-order cycles among the manager's own callers |
-//! | `liveness.rs` | how long a lock can be trusted without hearing from its session |
 //! | `options.rs` | what the engine is built with, and the part both managers' builders share |
 
 mod budget;
 mod cycles;
 mod direct;
 mod guard;
-mod liveness;
 mod options;
 mod registry;
 #[cfg(test)]
@@ -39,9 +37,7 @@ use tracing::Instrument;
 pub(crate) use self::budget::Budget;
 use self::budget::Slot;
 pub(crate) use self::cycles::Waits;
-pub(crate) use self::direct::direct_acquisitions;
 pub(crate) use self::guard::CoreGuard;
-pub(crate) use self::liveness::Liveness;
 pub(crate) use self::options::{CommonOptions, HandoffLimits, Options, telemetry_setters};
 pub(crate) use self::registry::Watched;
 use self::registry::{Granted, State};
@@ -50,10 +46,11 @@ pub(crate) use self::sim::SimBackend;
 pub(crate) use self::slots::Slots;
 use self::turn::TurnPermit;
 use crate::hooks::{Stage, StageHook};
-use crate::manager::{AcquireOptions, Wait};
+pub(crate) use crate::loss::Liveness;
 use crate::telemetry::outcome;
 use crate::telemetry::spans::{self, Outcome};
-use crate::{Error, LockGuard, LockInfo, LockKey, LockMode, LockTarget, LossCause, Result};
+use crate::wait::{AcquireOptions, Wait};
+use crate::{Error, LockInfo, LockKey, LockMode, LockTarget, LossCause, LossSignal, Result};
 
 /// The hasher of the engine's maps, keyed by [`LockKey`]s whose hash is their lock id: a
 /// cheap, seeded mix instead of SipHash, which costs more than the rest of a lookup.
@@ -120,6 +117,15 @@ impl Request<'_> {
     }
 }
 
+/// A granted and registered acquisition, as the engine hands it to its manager: what the
+/// public [`LockGuard`](crate::LockGuard) is made of (in `exit.rs`, above the engine, so that the
+/// engine never names the public guard nor the guard the backends).
+pub(crate) struct Acquired<B: Backend> {
+    pub(crate) info: LockInfo,
+    pub(crate) loss: LossSignal,
+    pub(crate) guard: CoreGuard<B>,
+}
+
 /// What a manager needs from the shared lock server.
 ///
 /// Native `async fn`s (not `async_trait`): the trait is only used generically, so its futures
@@ -180,12 +186,6 @@ pub(crate) trait Backend: Send + Sync + 'static {
         Self: Sized,
     {
     }
-
-    /// Wraps a guard of this backend for [`LockGuard`]: each backend has its own variant, so
-    /// the guard's release is a plain `match`, not a boxed future.
-    fn exit(guard: CoreGuard<Self>) -> crate::guard::Exit
-    where
-        Self: Sized;
 }
 
 /// What a loss detector needs from a manager: the locks it holds, and a way to declare one
@@ -308,7 +308,7 @@ impl<B: Backend> Core<B> {
         key: &LockKey,
         mode: LockMode,
         wait: Wait,
-    ) -> Result<LockGuard> {
+    ) -> Result<Acquired<B>> {
         let target = key.target();
         let lock_id = target.packed();
         let timeout = wait.bound();
@@ -362,7 +362,7 @@ impl<B: Backend> Core<B> {
         result
     }
 
-    async fn acquire_traced(self: &Arc<Self>, request: &Request<'_>) -> Result<LockGuard> {
+    async fn acquire_traced(self: &Arc<Self>, request: &Request<'_>) -> Result<Acquired<B>> {
         // A caller inside sections of this manager holds keys while it waits: registered, so a
         // wait that would close a cycle fails at once, and one that closes a cycle through
         // other managers fails once probes have found it (see `cycles.rs`).
@@ -386,7 +386,7 @@ impl<B: Backend> Core<B> {
     }
 
     /// Waits for this manager's turn on the key, then for the lock.
-    async fn acquire_waiting(self: &Arc<Self>, request: &Request<'_>) -> Result<LockGuard> {
+    async fn acquire_waiting(self: &Arc<Self>, request: &Request<'_>) -> Result<Acquired<B>> {
         let key = request.key;
         if let Some(pause) = self.checkpoint(Stage::Turn, key) {
             pause.await;
@@ -435,7 +435,7 @@ impl<B: Backend> Core<B> {
         request: &Request<'_>,
         granted: Granted<B::Session>,
         permit: TurnPermit<B::Session>,
-    ) -> LockGuard {
+    ) -> Acquired<B> {
         let info = self.info(request).with_fencing_token(granted.token);
         let (generation, signal) = self.register(request, granted, permit, info.clone()).await;
         let guard = CoreGuard {
@@ -445,14 +445,18 @@ impl<B: Backend> Core<B> {
             generation,
             armed: true,
         };
-        LockGuard::with_exit(info, signal, B::exit(guard))
+        Acquired {
+            info,
+            loss: signal,
+            guard,
+        }
     }
 
     pub(crate) async fn try_acquire(
         self: &Arc<Self>,
         key: &LockKey,
         mode: LockMode,
-    ) -> Result<Option<LockGuard>> {
+    ) -> Result<Option<Acquired<B>>> {
         let target = key.target();
         let lock_id = target.packed();
         let span = spans::try_acquire_span(self.tracing, key, lock_id, mode, self.holder_id());
@@ -501,7 +505,7 @@ impl<B: Backend> Core<B> {
     async fn try_acquire_traced(
         self: &Arc<Self>,
         request: &Request<'_>,
-    ) -> Result<Option<LockGuard>> {
+    ) -> Result<Option<Acquired<B>>> {
         let key = request.key;
         if let Some(pause) = self.checkpoint(Stage::Turn, key) {
             pause.await;
@@ -544,55 +548,10 @@ impl<B: Backend> Core<B> {
         self: &Arc<Self>,
         key: &LockKey,
         options: AcquireOptions,
-    ) -> Result<Option<LockGuard>> {
+    ) -> Result<Option<Acquired<B>>> {
         match options.wait {
             Wait::No => self.try_acquire(key, options.mode).await,
             wait => self.acquire(key, options.mode, wait).await.map(Some),
         }
     }
 }
-
-/// Implements [`LockManager`](crate::LockManager) for a manager type that wraps
-/// `core: Arc<Core<_>>`.
-/// Also gives the type its unboxed inherent acquisitions (see `direct.rs`).
-macro_rules! delegate_lock_manager {
-    ($manager:ty) => {
-        $crate::core::direct_acquisitions!($manager);
-
-        #[async_trait::async_trait]
-        impl $crate::LockManager for $manager {
-            async fn lock(
-                &self,
-                key: &$crate::LockKey,
-                options: $crate::AcquireOptions,
-            ) -> $crate::Result<Option<$crate::LockGuard>> {
-                self.core.lock(key, options).await
-            }
-
-            async fn unlock(&self, key: &$crate::LockKey) -> $crate::Result<()> {
-                self.core.release(key).await
-            }
-
-            async fn holds(&self, key: &$crate::LockKey) -> bool {
-                self.core.is_held(key).await
-            }
-
-            async fn release_all(&self) -> $crate::Result<usize> {
-                self.core.release_all().await
-            }
-
-            async fn held_locks(&self) -> Vec<$crate::HeldLock> {
-                self.core.held_locks().await
-            }
-
-            fn held_lock_count(&self) -> usize {
-                self.core.held_lock_count()
-            }
-
-            fn holder_id(&self) -> &str {
-                self.core.holder_id()
-            }
-        }
-    };
-}
-pub(crate) use delegate_lock_manager;

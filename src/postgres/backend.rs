@@ -14,8 +14,7 @@ use super::monitor::Monitor;
 use super::sessions::{LockSessions, Unavailable};
 use super::statements::Statements;
 use super::wait_session::{IdleSessions, PgSession};
-use crate::core::{Backend, Budget, Core, CoreGuard, Liveness, Request};
-use crate::guard::Exit;
+use crate::core::{Backend, Budget, Core, Liveness, Request};
 use crate::{Error, LockKey, LockMode, LockTarget, LossCause, ReleaseFailure, Result};
 
 pub(crate) struct PgBackend {
@@ -189,9 +188,5 @@ impl Backend for PgBackend {
         if session_ended {
             core.backend.monitor.session_ended();
         }
-    }
-
-    fn exit(guard: CoreGuard<Self>) -> Exit {
-        Exit::Postgres(guard)
     }
 }

@@ -32,7 +32,7 @@ pub use self::builder::PostgresLockManagerBuilder;
 pub use self::fencing::FencingTable;
 
 use self::backend::PgBackend;
-use crate::core::{Core, delegate_lock_manager};
+use crate::core::Core;
 
 /// A [`LockManager`](crate::LockManager) on PostgreSQL session advisory locks.
 ///
@@ -188,7 +188,7 @@ use crate::core::{Core, delegate_lock_manager};
 /// [`lock_id`]: crate::lock_id
 #[derive(Clone)]
 pub struct PostgresLockManager {
-    core: Arc<Core<PgBackend>>,
+    pub(crate) core: Arc<Core<PgBackend>>,
 }
 
 impl PostgresLockManager {
@@ -250,5 +250,3 @@ impl fmt::Debug for PostgresLockManager {
             .finish_non_exhaustive()
     }
 }
-
-delegate_lock_manager!(PostgresLockManager);

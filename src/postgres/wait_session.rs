@@ -203,7 +203,7 @@ pub(crate) struct PgSession {
     /// The settings the manager changed, with the values they had before.
     restore: Option<SessionSettings>,
     /// When the latest statement the server answered was sent: from then on the server counts
-    /// the session's silence (see `core/liveness.rs`).
+    /// the session's silence (see `loss/liveness.rs`).
     pub(crate) heard: Instant,
 }
 

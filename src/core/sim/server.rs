@@ -16,9 +16,8 @@ use tokio::sync::Notify;
 use tokio::time::{Instant, sleep, timeout_at};
 
 use super::rng::Rng;
-use crate::core::{Backend, Core, CoreGuard, Request};
+use crate::core::{Backend, Core, Request};
 use crate::error::ReleaseFailure;
-use crate::guard::Exit;
 use crate::{Error, LockKey, LockMode, LockTarget, LossCause, Result};
 
 /// How often, in thousandths, each fault strikes; drawn per world from its seed.
@@ -369,10 +368,6 @@ impl Backend for SimBackend {
         if session_ended {
             backend.detector.notify_one();
         }
-    }
-
-    fn exit(guard: CoreGuard<Self>) -> Exit {
-        Exit::Sim(guard)
     }
 }
 

@@ -41,7 +41,8 @@ impl LockManager for SimManager {
         key: &LockKey,
         options: crate::AcquireOptions,
     ) -> Result<Option<LockGuard>> {
-        self.core.lock(key, options).await
+        let acquired = self.core.lock(key, options).await?;
+        Ok(acquired.map(LockGuard::from))
     }
     async fn unlock(&self, key: &LockKey) -> Result<()> {
         self.core.release(key).await

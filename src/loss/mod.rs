@@ -1,5 +1,9 @@
 //! How a holder learns that its lock is gone.
 
+mod liveness;
+
+pub(crate) use self::liveness::Liveness;
+
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -8,8 +12,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 
 use tokio_util::sync::CancellationToken;
-
-use crate::core::Liveness;
 
 /// Why a held lock went from its holder.
 ///
