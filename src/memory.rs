@@ -340,12 +340,14 @@ impl Backend for MemoryBackend {
             .map(|permit| (permit, Some(self.server.mint(req.lock_id)))))
     }
 
-    async fn refence(
+    async fn confirm(
         &self,
-        req: &Request<'_>,
+        _key: &LockKey,
+        target: LockTarget,
         _session: &mut Self::Session,
     ) -> Result<Option<i64>> {
-        Ok(Some(self.server.mint(req.lock_id)))
+        // A permit is held until dropped: there is no session to end unseen.
+        Ok(Some(self.server.mint(target.packed())))
     }
 
     async fn unlock(

@@ -154,6 +154,39 @@ async fn postgres_releases_cancelled_before_the_unlock_still_release() {
     pg.assert_nothing_left(&locks, &keys).await;
 }
 
+/// A release that hands its lock to a task of the same manager first asks the session to
+/// answer: dropped while that statement is in flight, the lock still reaches the waiting task
+/// (through the server), and nothing is left.
+// On one thread, so that waiting for the task to reach the turn queue is exact.
+#[tokio::test(flavor = "current_thread")]
+async fn postgres_release_cancelled_while_its_handoff_is_confirmed() {
+    let pg = Pg::new("cancel-handoff", 4).await;
+    let stages = common::stages::StageCounts::default();
+    let locks = common::manager_for(pg.pool.clone(), &pg.app).build_with_stage_hook(stages.hook());
+    let key = key("cancel-handoff");
+    let first = locks.acquire(&key, None).await.expect("acquire");
+    let waiter = tokio::spawn({
+        let (locks, key) = (locks.clone(), key.clone());
+        async move { locks.acquire(&key, Some(EVENTUALLY)).await }
+    });
+    stages.wait_for(Stage::Turn, &key, 2).await;
+    // Boxed, so that dropping it drops the release itself.
+    let mut release = Box::pin(first.release());
+    assert!(
+        futures::poll!(release.as_mut()).is_pending(),
+        "the handoff's statement was answered within one poll"
+    );
+    assert_eq!(stages.count(Stage::Unlock, &key), 1, "not at the handoff");
+    drop(release);
+    let guard = tokio::time::timeout(EVENTUALLY, waiter)
+        .await
+        .expect("the waiting task gets the lock")
+        .expect("join")
+        .expect("acquire");
+    guard.release().await.expect("release");
+    pg.assert_nothing_left(&locks, &[&key]).await;
+}
+
 #[tokio::test]
 async fn postgres_acquire_cancelled_while_waiting_on_the_server() {
     for timeout in [None, Some(EVENTUALLY)] {

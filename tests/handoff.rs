@@ -20,11 +20,14 @@ use tokio::time::Instant;
 /// How long a test waits for a signal before it fails instead of hanging.
 const BOUND: Duration = Duration::from_secs(30);
 
-/// The backend holding `key`'s lock and when it last started a statement.
-async fn holder_statement(observer: &PgPool, key: &str) -> (i32, chrono::DateTime<chrono::Utc>) {
+/// The backend holding `key`'s lock, when it last started a statement, and that statement.
+type Statement = (i32, chrono::DateTime<chrono::Utc>, String);
+
+/// The backend holding `key`'s lock, and the last statement it ran.
+async fn holder_statement(observer: &PgPool, key: &str) -> Statement {
     let rows = lock_rows(observer, lock_id(key)).await;
     assert_eq!(rows.len(), 1, "{rows:?}");
-    sqlx::query_as("SELECT pid, query_start FROM pg_stat_activity WHERE pid = $1")
+    sqlx::query_as("SELECT pid, query_start, query FROM pg_stat_activity WHERE pid = $1")
         .bind(rows[0].pid)
         .fetch_one(observer)
         .await
@@ -39,7 +42,7 @@ async fn relay(
     stages: &StageCounts,
     observer: &PgPool,
     key: &str,
-) -> Vec<(i32, chrono::DateTime<chrono::Utc>)> {
+) -> Vec<Statement> {
     let first = locks.acquire(key, None).await.expect("acquire");
     let mut tasks = Vec::new();
     for _ in 0..2 {
@@ -74,7 +77,7 @@ async fn relay(
 
 // On one thread, so that waiting for the tasks to reach the turn queue is exact (see `relay`).
 #[tokio::test(flavor = "current_thread")]
-async fn queued_local_tasks_inherit_the_session_without_a_round_trip() {
+async fn queued_local_tasks_inherit_the_session_with_one_statement() {
     let observer = observer().await;
     let stages = StageCounts::default();
     // A generous time bound: the first holder waits for the others to queue before it lets go.
@@ -83,9 +86,15 @@ async fn queued_local_tasks_inherit_the_session_without_a_round_trip() {
         .build_with_stage_hook(stages.hook());
     let key = key("handoff");
     let seen = relay(&locks, &stages, &observer, &key).await;
-    // The same session held the lock for all three, and sent no statement in between: no
-    // unlock, no new lock. The two later holders never went to the server.
-    assert!(seen.iter().all(|s| *s == seen[0]), "{seen:?}");
+    // The same session held the lock for all three. Between two holders it ran one
+    // statement, which only asked for its backend's pid (the handoff hearing from the
+    // session): no unlock, no new lock. The two later holders never went to the server.
+    assert!(seen.iter().all(|s| s.0 == seen[0].0), "{seen:?}");
+    assert!(seen[0].2.contains("advisory"), "{seen:?}");
+    for (before, after) in seen.iter().zip(&seen[1..]) {
+        assert!(after.1 > before.1, "{seen:?}");
+        assert_eq!(after.2, "SELECT pg_backend_pid()", "{seen:?}");
+    }
     assert_eq!(stages.count(Stage::Server, &key), 1);
     assert_eq!(stages.count(Stage::Register, &key), 3);
     assert_eq!(locks.held_lock_count(), 0);
@@ -105,6 +114,75 @@ async fn without_handoff_every_task_goes_to_the_server() {
     assert_ne!(seen[0], seen[1], "{seen:?}");
     assert_ne!(seen[1], seen[2], "{seen:?}");
     assert_eq!(stages.count(Stage::Server, &key), 3);
+}
+
+/// A holder whose session the server has ended, unknown to the manager yet, is not told its
+/// release was confirmed by handing the lock to the next task, and that task is not granted a
+/// lock the server has given to someone else: the handoff first hears from the session.
+// On one thread, so that waiting for the waiter to reach the turn queue is exact.
+#[tokio::test(flavor = "current_thread")]
+async fn a_handoff_from_a_session_the_server_ended_confirms_nothing() {
+    let observer = observer().await;
+    let stages = StageCounts::default();
+    let app = app_name("handoff-ended");
+    // No probe and no silence bound within the test: the manager cannot learn of the end
+    // before the release asks the server.
+    let locks = common::manager_for(pool_named(4, &app).await, &app)
+        .handoff_limits(16, Duration::from_secs(10))
+        .probe_interval(Duration::from_secs(600))
+        .silence_timeout(Duration::ZERO)
+        .build_with_stage_hook(stages.hook());
+    let other = PostgresLockManager::new(pool_named(2, &app_name("handoff-other")).await);
+    let key = key("handoff-ended");
+    let first = locks.acquire(&key, None).await.expect("acquire");
+    let waiter = tokio::spawn({
+        let (locks, key) = (locks.clone(), key.clone());
+        async move { locks.acquire(&key, Some(BOUND)).await }
+    });
+    stages.wait_for(Stage::Turn, &key, 2).await;
+    let rows = lock_rows(&observer, lock_id(&key)).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(rows[0].pid)
+        .fetch_one(&observer)
+        .await
+        .expect("terminate");
+    assert!(terminated, "the holder's backend was ended");
+    common::eventually("the ended backend's lock is gone", || async {
+        lock_rows(&observer, lock_id(&key)).await.is_empty()
+    })
+    .await;
+    // The server let the lock go with the session: another manager takes it.
+    let theirs = other
+        .try_acquire(&key)
+        .await
+        .expect("try")
+        .into_guard()
+        .expect("the server freed the lock with its session");
+
+    let released = first.release().await;
+    assert!(
+        matches!(released, Err(pglock::Error::ReleaseFailed { .. })),
+        "a release confirmed after its session ended: {released:?}"
+    );
+    // The waiter goes to the server, where the other manager holds the key.
+    let mut waiter = waiter;
+    tokio::select! {
+        granted = &mut waiter => panic!(
+            "granted while another manager holds the key: {:?}",
+            granted.expect("join").map(|guard| guard.info().clone())
+        ),
+        () = stages.wait_for(Stage::Server, &key, 2) => {}
+    }
+    theirs.release().await.expect("release");
+    let guard = tokio::time::timeout(BOUND, waiter)
+        .await
+        .expect("the waiter is served once the key is free")
+        .expect("join")
+        .expect("acquire");
+    guard.release().await.expect("release");
+    assert_eq!(locks.held_lock_count(), 0);
+    assert!(lock_rows(&observer, lock_id(&key)).await.is_empty());
 }
 
 /// What process B saw of A's relays.

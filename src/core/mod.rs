@@ -148,15 +148,18 @@ pub(crate) trait Backend: Send + Sync + 'static {
         req: &Request<'_>,
     ) -> impl Future<Output = Result<Option<(Self::Session, Option<i64>)>>> + Send;
 
-    /// Mints the fencing token of an acquisition that inherited `session` from the previous
-    /// local holder (a handoff), so tokens keep increasing with every acquisition.
-    fn refence(
+    /// Hears from the server that `session` still holds its lock, before the lock is handed
+    /// to the next local holder (a handoff): the releasing holder's release is confirmed only
+    /// then, as an unlock confirms it. When the backend mints fencing tokens, mints the next
+    /// holder's in the same exchange, so tokens keep increasing with every acquisition.
+    ///
+    /// An error is the release's: the lock could not be vouched for, and `session` is dropped.
+    fn confirm(
         &self,
-        _req: &Request<'_>,
-        _session: &mut Self::Session,
-    ) -> impl Future<Output = Result<Option<i64>>> + Send {
-        async { Ok(None) }
-    }
+        key: &LockKey,
+        target: LockTarget,
+        session: &mut Self::Session,
+    ) -> impl Future<Output = Result<Option<i64>>> + Send;
 
     /// Lets the lock go and confirms it.
     fn unlock(
@@ -400,9 +403,10 @@ impl<B: Backend> Core<B> {
                 .ok_or_else(|| request.timed_out())?
         };
         let granted = match handoff {
-            // The previous local holder handed its session over: the lock never left us.
-            Some(mut handoff) => Granted {
-                token: self.backend.refence(request, &mut handoff.session).await?,
+            // The previous local holder handed its session over, heard from on the server: the
+            // lock never left us.
+            Some(handoff) => Granted {
+                token: handoff.token,
                 session: handoff.session,
                 slot: handoff.slot,
                 since: handoff.since,

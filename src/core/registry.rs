@@ -330,12 +330,26 @@ impl<B: Backend> Core<B> {
             handoffs < limit && turn.is_awaited() && since.elapsed() < limits.max_hold
         });
         let (turn, session, slot) = if within_limits {
+            // The session is heard from first: it may have ended unseen since the grant, and a
+            // release that hands the lock over is confirmed only as an unlock is.
+            let mut session = session;
+            let token = match self.backend.confirm(key, target, &mut session).await {
+                Ok(token) => token,
+                Err(_) if super::planted!(HandoffUnheard) => None,
+                Err(err) => {
+                    drop((session, slot, turn));
+                    spans::warn_failed(recorder.span(), &err, "lock release unconfirmed");
+                    recorder.finish(outcome::ERROR, true);
+                    return Err(err);
+                }
+            };
             let handoff = Handoff {
                 session,
                 slot,
                 mode,
                 since,
                 handoffs: handoffs + 1,
+                token,
             };
             match turn.hand_over(handoff) {
                 Ok(()) => {

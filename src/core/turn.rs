@@ -23,6 +23,8 @@ pub(crate) struct Handoff<S> {
     pub(crate) since: Instant,
     /// How many times it has been handed over without going back to the server.
     pub(crate) handoffs: u32,
+    /// The next holder's fencing token, minted as the session was heard from.
+    pub(crate) token: Option<i64>,
 }
 
 struct Waiter<S> {

@@ -153,8 +153,13 @@ impl Backend for PgBackend {
         self.try_on_lock_session(req).await
     }
 
-    async fn refence(&self, req: &Request<'_>, lease: &mut Lease) -> Result<Option<i64>> {
-        lease.mint().await.map_err(|err| acquire_error(req, err))
+    async fn confirm(
+        &self,
+        key: &LockKey,
+        _target: LockTarget,
+        lease: &mut Lease,
+    ) -> Result<Option<i64>> {
+        lease.confirm().await.map_err(|err| release_error(key, err))
     }
 
     async fn unlock(

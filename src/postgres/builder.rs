@@ -89,8 +89,8 @@ impl PostgresLockManagerBuilder {
     /// Tokens strictly increase per key across acquisitions, releases, handoffs, restarts of
     /// the application or the server, server crashes and failovers to a promoted standby, and
     /// never repeat (see [`FencingTable`] for how, and for the limits). Minting rides on the acquisition's
-    /// own statement (or message), so it adds no round trip; an in-process handoff mints with
-    /// one. The table is created on first use (see [`FencingTable`]). Default: off.
+    /// own statement (or message), so it adds no round trip; an in-process handoff mints in the
+    /// one statement it runs anyway. The table is created on first use (see [`FencingTable`]). Default: off.
     pub fn fencing(mut self, table: FencingTable) -> Self {
         self.fencing = Some(table);
         self
@@ -283,7 +283,9 @@ impl PostgresLockManagerBuilder {
     ///
     /// When a task releases a lock while another task of the same manager waits for the same
     /// key (in the same mode), the lock goes straight to the waiting task: it never unlocks on
-    /// the server, so the handoff costs no round trip. This repeats at most `max_handoffs` times
+    /// the server. The handoff costs one round trip, in which the session proves it still held
+    /// the lock (a session the server ended makes the release fail, as an unlock on it would).
+    /// This repeats at most `max_handoffs` times
     /// in a row, and only while less than `max_hold` has passed since the server granted the
     /// lock; then the lock is unlocked on the server, where processes queued for it get their
     /// turn before this manager's next task. The bound is what keeps other processes from

@@ -186,13 +186,15 @@ async fn let_go(world: &Arc<World>, m: usize, who: &str, guard: LockGuard, belie
     match world.rng.below(3) {
         0 => {
             drop(believing);
+            let ended = world.session_ended(guard.info());
             let released = guard.release().await;
             world.note(format_args!(
                 "{who} release {key} -> {}",
                 outcome(&released)
             ));
-            if let Err(err) = released {
-                world.expect_error(&format!("{who} release {key}"), &err);
+            match released {
+                Ok(()) => world.check_confirmed(who, &key, ended),
+                Err(err) => world.expect_error(&format!("{who} release {key}"), &err),
             }
         }
         1 => {
@@ -205,14 +207,16 @@ async fn let_go(world: &Arc<World>, m: usize, who: &str, guard: LockGuard, belie
             let _info = guard.leak();
             world.work().await;
             drop(believing);
+            let ended = world.registered_session_ended(m, &key);
             let released = world.manager(m).release(key.clone()).await;
             world.leaked(m, &key, false);
             world.note(format_args!(
                 "{who} release({key}) -> {}",
                 outcome(&released)
             ));
-            if let Err(err) = released {
-                world.expect_error(&format!("{who} release({key})"), &err);
+            match released {
+                Ok(()) => world.check_confirmed(who, &key, ended),
+                Err(err) => world.expect_error(&format!("{who} release({key})"), &err),
             }
         }
     }

@@ -119,7 +119,13 @@ impl World {
 /// Whether `belief` is live and backed by the server (`Ok(false)`: no longer live, or its
 /// session ended and the detector has not had its turn yet).
 fn backed(belief: &Belief, view: &ServerView, now: Instant) -> std::result::Result<bool, String> {
-    let session = view.tokens[&token_key(belief.key.target().packed(), belief.token)];
+    let Some(&session) = view
+        .tokens
+        .get(&token_key(belief.key.target().packed(), belief.token))
+    else {
+        // Granted without a token: a violation of its own.
+        return Ok(false);
+    };
     let Seen {
         holding: on_server,
         mode,

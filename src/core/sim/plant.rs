@@ -20,15 +20,19 @@ pub(crate) enum Bug {
     HandoffPastLimit,
     /// `release_all` lets the locks go without telling their holders.
     ReleaseAllUntold,
+    /// A handoff goes ahead whatever the server says of the session: a holder whose session
+    /// ended unseen is told its release was confirmed.
+    HandoffUnheard,
 }
 
 impl Bug {
-    pub(crate) const ALL: [Bug; 5] = [
+    pub(crate) const ALL: [Bug; 6] = [
         Bug::LossRace,
         Bug::CancelledGrantKept,
         Bug::SlotKeptOnFailedUnlock,
         Bug::HandoffPastLimit,
         Bug::ReleaseAllUntold,
+        Bug::HandoffUnheard,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -38,6 +42,7 @@ impl Bug {
             Bug::SlotKeptOnFailedUnlock => "slot-kept-on-failed-unlock",
             Bug::HandoffPastLimit => "handoff-past-limit",
             Bug::ReleaseAllUntold => "release-all-untold",
+            Bug::HandoffUnheard => "handoff-unheard",
         }
     }
 

@@ -323,9 +323,23 @@ impl Backend for SimBackend {
         self.attempt(req).await
     }
 
-    async fn refence(&self, req: &Request<'_>, session: &mut SimSession) -> Result<Option<i64>> {
-        self.server.delay().await;
-        let token = mint(&mut self.server.state(), req.lock_id, session.id);
+    async fn confirm(
+        &self,
+        key: &LockKey,
+        target: LockTarget,
+        session: &mut SimSession,
+    ) -> Result<Option<i64>> {
+        let server = &self.server;
+        server.delay().await;
+        let token = {
+            let mut state = server.state();
+            if state.sessions[session.id].ended.is_some() {
+                // As a statement on a connection the server closed: the release is unconfirmed.
+                return Err(unconfirmed(key));
+            }
+            mint(&mut state, target.packed(), session.id)
+        };
+        server.delay().await;
         Ok(Some(token))
     }
 
@@ -338,14 +352,12 @@ impl Backend for SimBackend {
     ) -> Result<()> {
         let server = &self.server;
         server.delay().await;
-        if server.strikes(server.faults.fail) {
-            // Unconfirmed: the session is closed rather than kept, which frees the lock.
+        let ended = server.state().sessions[session.id].ended.is_some();
+        if ended || server.strikes(server.faults.fail) {
+            // Unconfirmed (the server closed the session, or the statement failed): the
+            // session is closed rather than kept, which frees the lock.
             drop(session);
-            return Err(Error::ReleaseFailed {
-                key: key.clone(),
-                reason: ReleaseFailure::SessionClosed,
-                source: None,
-            });
+            return Err(unconfirmed(key));
         }
         drop(session);
         server.delay().await;
@@ -368,6 +380,15 @@ impl Backend for SimBackend {
         if session_ended {
             backend.detector.notify_one();
         }
+    }
+}
+
+/// A release the server did not confirm.
+fn unconfirmed(key: &LockKey) -> Error {
+    Error::ReleaseFailed {
+        key: key.clone(),
+        reason: ReleaseFailure::SessionClosed,
+        source: None,
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep};
 
 use super::rng::Rng;
-use super::server::{Faults, SimBackend, SimServer};
+use super::server::{Faults, SimBackend, SimServer, token_key};
 use crate::core::{Budget, Core, HandoffLimits, Options};
 use crate::{
     Error, HeldLock, LockGuard, LockKey, LockManager, LockManagerExt, LockMode, LossCause,
@@ -278,9 +278,10 @@ impl World {
         signal: &LossSignal,
         of_a_set: bool,
     ) -> Believing {
-        let token = info
-            .fencing_token
-            .expect("the simulated server mints tokens");
+        let token = info.fencing_token.unwrap_or_else(|| {
+            self.violate(format!("{who} was granted {} without a token", info.key));
+            0
+        });
         let mut beliefs = crate::sync::lock(&self.beliefs);
         beliefs.push(Belief {
             who: who.to_owned(),
@@ -295,6 +296,40 @@ impl World {
         Believing {
             world: Arc::clone(self),
             index: beliefs.len() - 1,
+        }
+    }
+
+    /// Whether the server ended the session `info`'s lock was granted on.
+    pub(crate) fn session_ended(&self, info: &crate::LockInfo) -> bool {
+        let state = self.server.state();
+        let token = token_key(info.key.target().packed(), info.fencing_token.unwrap_or(0));
+        state
+            .token_session
+            .get(&token)
+            .is_some_and(|&session| state.sessions[session].ended.is_some())
+    }
+
+    /// Whether the server ended the session on which manager `m` registers `key` now (the one
+    /// `release(key)` lets go of: a lock the caller leaked may have been lost, and the key
+    /// taken again by another caller of the manager meanwhile).
+    pub(crate) fn registered_session_ended(&self, m: usize, key: &LockKey) -> bool {
+        let session = self.managers[m]
+            .core
+            .state()
+            .held
+            .get(key)
+            .map(|held| held.session.id);
+        let state = self.server.state();
+        session.is_some_and(|id| state.sessions[id].ended.is_some())
+    }
+
+    /// A release that `who` was told was confirmed: its session must not have ended before the
+    /// release was asked (`ended_before`), since the lock went with it.
+    pub(crate) fn check_confirmed(&self, who: &str, key: &LockKey, ended_before: bool) {
+        if ended_before {
+            self.violate(format!(
+                "{who} was told its release of {key} was confirmed, but its session had ended before"
+            ));
         }
     }
 

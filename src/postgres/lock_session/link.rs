@@ -88,7 +88,7 @@ impl Link {
     }
 
     /// Mints the next fencing token of `target`; `None` when fencing is off.
-    pub(super) async fn mint(
+    async fn mint(
         &mut self,
         shared: &Shared,
         target: LockTarget,
@@ -102,6 +102,29 @@ impl Link {
             exchange(&mut self.watchdog, shared, statement).await
         };
         self.settle(shared, sent, answer).map(Some)
+    }
+
+    /// Hears from this session's backend, so every lock on it was held until now; with
+    /// fencing on, mints the next fencing token of `target` in the same statement.
+    pub(super) async fn confirm(
+        &mut self,
+        shared: &Shared,
+        target: LockTarget,
+    ) -> Result<Option<i64>, SessionError> {
+        if shared.context.statements.mint().is_some() {
+            return self.mint(shared, target).await;
+        }
+        let query = sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()");
+        let (sent, answer) = {
+            let statement = pin!(query.fetch_one(self.conn.conn()));
+            exchange(&mut self.watchdog, shared, statement).await
+        };
+        if self.settle(shared, sent, answer)? == self.conn.pid {
+            Ok(None)
+        } else {
+            shared.unavailable.store(true, Ordering::SeqCst);
+            Err(SessionError::Pooled)
+        }
     }
 
     /// Releases `target` in `mode` if, and only if, this session holds it. Also what brings a

@@ -117,7 +117,8 @@ enum Command {
         mode: LockMode,
         reply: Option<oneshot::Sender<Result<bool, SessionError>>>,
     },
-    Mint {
+    /// Hear from the session before its lock is handed over (see [`Lease::confirm`]).
+    Confirm {
         target: LockTarget,
         reply: oneshot::Sender<Result<Option<i64>, SessionError>>,
     },
@@ -501,12 +502,15 @@ impl Lease {
         answer.await.unwrap_or(Err(SessionError::Closed(None)))
     }
 
-    /// Mints the next fencing token of the lock, on the session that holds it.
+    /// Confirms on the server that the session still holds the lock (its backend answered),
+    /// before the lock is handed to the next local holder; with fencing on, mints that
+    /// holder's token in the same statement.
     ///
-    /// Cancel safe: the token is minted or not; either way the lock stays held.
-    pub(crate) async fn mint(&self) -> Result<Option<i64>, SessionError> {
+    /// Cancel safe: the statement runs to its end on the session's task; the lock stays held
+    /// unless the session turns out to have ended, which the session's closing reports.
+    pub(crate) async fn confirm(&self) -> Result<Option<i64>, SessionError> {
         let (reply, answer) = oneshot::channel();
-        self.session.send(Command::Mint {
+        self.session.send(Command::Confirm {
             target: self.target,
             reply,
         })?;

@@ -280,12 +280,14 @@ impl Task {
                 }
                 if broken { Err(Broken) } else { Ok(()) }
             }
-            Command::Mint { target, reply } => {
+            Command::Confirm { target, reply } => {
                 let link = self.link.as_mut().expect(CLAIMED);
-                let result = link.mint(&self.shared, target).await;
+                let result = link.confirm(&self.shared, target).await;
                 let broken = matches!(
                     result,
-                    Err(SessionError::Closed(_) | SessionError::Unanswered(_))
+                    Err(SessionError::Closed(_)
+                        | SessionError::Unanswered(_)
+                        | SessionError::Pooled)
                 );
                 let _ = reply.send(result);
                 if broken { Err(Broken) } else { Ok(()) }
