@@ -31,25 +31,19 @@ use crate::{
 /// | [`release`](Self::release) | | releases a key's lock, however it was taken |
 /// | [`is_held`](Self::is_held) | | whether this manager holds a key |
 ///
-/// # Turns and nesting
+/// Every method keeps [the contract](LockManager#the-contract): callers of one manager take
+/// turns on a key, and `timeout` is one deadline for the whole call (`None` waits as long as it
+/// takes, `Some(Duration::ZERO)` makes exactly one attempt).
 ///
-/// Callers of one manager that want the same key take turns, in arrival order, like callers of
-/// a `tokio::sync::Mutex`: separate tasks, and sibling futures of one task alike (`join!`,
-/// `select!`, `for_each_concurrent`, `FuturesUnordered`, `buffer_unordered`). Only a true
-/// nesting fails: asking for a key inside the critical section of the same key (the body of
-/// [`with_lock`](Self::with_lock) or [`LockGuard::run`]) returns [`Error::Reentrant`] at once,
-/// since waiting would wait for itself.
+/// # Nesting
 ///
-/// A guard held in a plain variable is not a critical section: asking for its key again from
-/// the same code waits for the guard like any other caller, within the deadline, exactly as a
-/// second `lock()` of a `tokio::sync::Mutex` whose guard is still alive does. Wrap the work in
-/// [`LockGuard::run`] (or use `with_lock`) to have such a mistake refused instead.
-///
-/// # Deadlines
-///
-/// `timeout` is one deadline for the whole call, as [`Wait`] describes: `None` waits as long as
-/// it takes, `Some(t)` at most `t` (ending in [`Error::Timeout`] whatever stage the call was
-/// in), and `Some(Duration::ZERO)` makes exactly one attempt.
+/// What this trait adds to the contract: asking for a key inside the critical section of the
+/// same key (the body of [`with_lock`](Self::with_lock) or [`LockGuard::run`]) returns
+/// [`Error::Reentrant`] at once, since waiting would wait for itself. A guard held in a plain
+/// variable is not a critical section: asking for its key again waits for the guard like any
+/// other caller, within the deadline, as a second `lock()` of a `tokio::sync::Mutex` whose
+/// guard is alive does. Wrap the work in [`LockGuard::run`] (or use `with_lock`) to have such a
+/// mistake refused instead.
 pub trait LockManagerExt: LockManager {
     /// Waits for the exclusive lock on `key` and hands back its guard.
     ///

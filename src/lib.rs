@@ -74,27 +74,16 @@
 //!
 //! # Guarantees, briefly
 //!
-//! * **Mutual exclusion** between every holder on one PostgreSQL database, for keys that derive
-//!   the same [`lock_id`], including Python services using the same scheme.
-//! * **Callers take turns**: callers of one manager that want the same key queue in arrival
-//!   order, sibling futures of one task included; only an acquisition nested inside the
-//!   critical section of its own key fails, at once ([`Error::Reentrant`]).
-//! * **The caller's deadline is the only bound**: one timeout covers this manager's queue,
-//!   getting a connection and the wait on the server, and its end is [`Error::Timeout`]
-//!   whatever the stage. Waits never take more than the manager's share of the pool
-//!   ([`max_connections`](PostgresLockManagerBuilder::max_connections)): one waits in the
-//!   server's FIFO queue, the others are woken by a pglock release or a poll.
-//! * **Cancel safety**: dropping any lock-touching future at any await point leaves no advisory
-//!   lock behind and never returns a connection that may hold one to the pool.
-//! * **A holder is told whenever its lock goes**: declared lost (its session ended, within
-//!   about one probe interval), or released through the manager; the guard's
-//!   [`loss_signal`](LockGuard::loss_signal) fires with the cause, and a guard releases only
-//!   its own acquisition.
-//! * **The database keeps its lock table**: a manager holds at most its budget of locks, by
-//!   default the share of the server's lock table its pool's connections are entitled to.
-//! * **Fencing**: with a [`FencingTable`], every acquisition carries a token larger than any
-//!   before it for its key, so resources can refuse writes from a superseded holder; for a
-//!   read-modify-write the resource must be fenced before the read ([`RowFence`]).
+//! Each is stated in full where it lives; the repository's `docs/guarantees.md` names the test
+//! that defends it.
+//!
+//! * [The contract](LockManager#the-contract) of every manager: callers of one manager take
+//!   turns (only nesting fails, [`Error::Reentrant`]), the caller's deadline is the only bound,
+//!   a holder is told whenever its lock goes, and every future is cancel safe.
+//! * [`PostgresLockManager`]: mutual exclusion between every holder on one database, Python
+//!   services using the same [`lock_id`] included; a bounded share of the pool and of the
+//!   server's lock table; lost locks detected within about one probe interval.
+//! * [`FencingTable`] and [`RowFence`]: tokens that let a resource refuse a superseded holder.
 //!
 //! The repository's `docs/guide.md` is the user's guide, `docs/design.md` explains the design,
 //! and `docs/failure-model.md` what is detected and how fast.

@@ -49,7 +49,8 @@ use crate::{AcquireOptions, HeldLock, LockGuard, LockKey, LockMode, Result, Wait
 ///
 /// **Callers of one manager take turns.** Acquisitions of a key this manager holds wait, in
 /// arrival order, for the holder to let go, whichever task or future they come from: sibling
-/// futures of one task (`join!`, `select!`, `for_each_concurrent`) queue like separate tasks.
+/// futures of one task (`join!`, `select!`, `for_each_concurrent`, `FuturesUnordered`) queue
+/// like separate tasks, as callers of a `tokio::sync::Mutex` do.
 /// A manager never asks its backend for a key it holds (no stacking of PostgreSQL's re-entrant
 /// locks, no self-deadlock on the server). Nested critical sections are refused by
 /// [`LockManagerExt`](crate::LockManagerExt), which knows them, before `lock` is called.
