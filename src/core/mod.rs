@@ -28,7 +28,6 @@ mod turn;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
 
 use std::sync::{Mutex, MutexGuard};
 use tokio::time::Instant;
@@ -340,29 +339,23 @@ impl<B: Backend> Core<B> {
             }
             return result;
         }
-        let mut recorder = Outcome::new(span.clone());
-        // `Instrumented` costs a copy of the future and an enter and exit per poll, even of
-        // `Span::none()`: skipped when nobody wants the span.
-        let traced = self.acquire_traced(&request);
-        let result = if span.is_none() {
-            traced.await
-        } else {
-            traced.instrument(span).await
+        let observed = Observed {
+            span,
+            metric: crate::telemetry::metrics::ACQUIRE,
+            mode,
+            started: started.unwrap_or_else(Instant::now),
         };
-        let waited = started.map_or(Duration::ZERO, |at| at.elapsed());
-        recorder.record(crate::telemetry::WAITED_MS, spans::duration_ms(waited));
-        let ended = match &result {
-            Ok(_) => outcome::ACQUIRED,
-            Err(err) if err.is_timeout() => outcome::TIMEOUT,
-            Err(err) => {
-                spans::warn_failed(recorder.span(), err, "lock acquisition failed");
-                outcome::ERROR
-            }
-        };
-        recorder.finish(ended, ended == outcome::ERROR);
-        self.metrics
-            .acquisition(crate::telemetry::metrics::ACQUIRE, mode, ended, waited);
-        result
+        observed
+            .run(
+                &self.metrics,
+                self.acquire_traced(&request),
+                |result| match result {
+                    Ok(_) => outcome::ACQUIRED,
+                    Err(err) if err.is_timeout() => outcome::TIMEOUT,
+                    Err(_) => outcome::ERROR,
+                },
+            )
+            .await
     }
 
     async fn acquire_traced(self: &Arc<Self>, request: &Request<'_>) -> Result<Acquired<B>> {
@@ -480,30 +473,23 @@ impl<B: Backend> Core<B> {
             }
             return result;
         }
-        let mut recorder = Outcome::new(span.clone());
-        let started = Instant::now();
-        let traced = self.try_acquire_traced(&request);
-        let result = if span.is_none() {
-            traced.await
-        } else {
-            traced.instrument(span).await
-        };
-        let ended = match &result {
-            Ok(Some(_)) => outcome::ACQUIRED,
-            Ok(None) => outcome::BUSY,
-            Err(err) => {
-                spans::warn_failed(recorder.span(), err, "lock acquisition failed");
-                outcome::ERROR
-            }
-        };
-        recorder.finish(ended, ended == outcome::ERROR);
-        self.metrics.acquisition(
-            crate::telemetry::metrics::TRY_ACQUIRE,
+        let observed = Observed {
+            span,
+            metric: crate::telemetry::metrics::TRY_ACQUIRE,
             mode,
-            ended,
-            started.elapsed(),
-        );
-        result
+            started: Instant::now(),
+        };
+        observed
+            .run(
+                &self.metrics,
+                self.try_acquire_traced(&request),
+                |result| match result {
+                    Ok(Some(_)) => outcome::ACQUIRED,
+                    Ok(None) => outcome::BUSY,
+                    Err(_) => outcome::ERROR,
+                },
+            )
+            .await
     }
 
     async fn try_acquire_traced(
@@ -557,5 +543,44 @@ impl<B: Backend> Core<B> {
             Wait::No => self.try_acquire(key, options.mode).await,
             wait => self.acquire(key, options.mode, wait).await.map(Some),
         }
+    }
+}
+
+/// An acquisition someone watches (a span, or metrics), as both `acquire` and `try_acquire`
+/// report it: under its span, its wait and outcome recorded, and counted as `metric`.
+struct Observed {
+    span: tracing::Span,
+    metric: &'static str,
+    mode: LockMode,
+    started: Instant,
+}
+
+impl Observed {
+    async fn run<T>(
+        self,
+        metrics: &crate::telemetry::instruments::Metrics,
+        acquisition: impl Future<Output = Result<T>>,
+        ended: impl FnOnce(&Result<T>) -> &'static str,
+    ) -> Result<T> {
+        let mut recorder = Outcome::new(self.span.clone());
+        // `Instrumented` costs a copy of the future and an enter and exit per poll, even of
+        // `Span::none()`: skipped when nobody wants the span.
+        let result = if self.span.is_none() {
+            acquisition.await
+        } else {
+            acquisition.instrument(self.span).await
+        };
+        let waited = self.started.elapsed();
+        // A field the span did not declare (a try's) is ignored.
+        recorder.record(crate::telemetry::WAITED_MS, spans::duration_ms(waited));
+        let ended = ended(&result);
+        if let Err(err) = &result
+            && ended == outcome::ERROR
+        {
+            spans::warn_failed(recorder.span(), err, "lock acquisition failed");
+        }
+        recorder.finish(ended, ended == outcome::ERROR);
+        metrics.acquisition(self.metric, self.mode, ended, waited);
+        result
     }
 }
