@@ -56,7 +56,7 @@
 //! few times before the server's queue gets a turn (its handoff limit), so the order across
 //! processes is first come, first served per turn, not per caller.
 //!
-//! `tests/semaphores.rs` measures it: six callers on three managers take and give back two
+//! `tests/semaphore_permits.rs` measures it: six callers on three managers take and give back two
 //! permits as fast as they can while a seventh arrives on a manager of its own, and the test
 //! counts the permits the others got between the moment the server queued the newcomer's wait
 //! and its permit. It asserts at most one turn of each other manager (53) and prints the

@@ -211,6 +211,27 @@ async fn postgres_acquire_cancelled_while_waiting_on_the_server() {
             }
         } // The waiting acquisition is dropped with its statement in flight.
         let dropped_at = Instant::now();
+        if !common::pg14_or_later(&pg.observer).await {
+            // PostgreSQL 13 and older have no `client_connection_check_interval`: the server
+            // does not look at a waiting session's client, so the abandoned wait stays queued
+            // until the lock is granted to it; its backend then finds the client gone and
+            // exits, which frees the key.
+            tokio::time::sleep(CLIENT_CHECK + SLACK).await;
+            let rows = lock_rows(&pg.observer, lock_id(&key)).await;
+            assert!(
+                rows.iter().any(|row| !row.granted),
+                "the abandoned wait left the queue of a server without \
+                 client_connection_check_interval: {rows:?}"
+            );
+            guard.release().await.expect("release");
+            eventually(
+                "the abandoned wait, granted, ends and frees the key",
+                || async { lock_rows(&pg.observer, lock_id(&key)).await.is_empty() },
+            )
+            .await;
+            pg.assert_nothing_left(&locks, &[&key]).await;
+            continue;
+        }
         // The abandoned server-side wait goes away on its own, well before the holder lets go:
         // the server checks every 200 ms (`client_connection_check_interval`) whether the
         // waiting session's client is still there.

@@ -1,13 +1,15 @@
-//! Keys beyond names: raw ids, id pairs and sqlx-derived names reach the same PostgreSQL locks
-//! as the code that already uses them (sqlx's `PgAdvisoryLock`, hand-written SQL), so services
-//! can move to pglock one replica at a time.
+//! Keys: names of any shape (empty, with NUL bytes, any Unicode, SQL, a megabyte) lock exactly
+//! the lock id the specified derivation gives them; and keys beyond names (raw ids, id pairs and
+//! sqlx-derived names) reach the same PostgreSQL locks as the code that already uses them
+//! (sqlx's `PgAdvisoryLock`, hand-written SQL), so services can move to pglock one replica at a
+//! time.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{app_name, eventually, key, observer, pool_named};
-use pglock::{FencingTable, LockKey, LockTarget, PostgresLockManager};
+use common::{app_name, eventually, key, lock_rows, manager_named, observer, pool_named};
+use pglock::{FencingTable, LockKey, LockTarget, PostgresLockManager, lock_id};
 use sqlx::postgres::{PgAdvisoryLock, PgAdvisoryLockKey};
 use sqlx::{Connection, PgConnection};
 
@@ -187,4 +189,36 @@ async fn a_lost_pair_key_is_reported_like_any_other() {
         .await
         .expect("the pair's loss is reported");
     drop(monitored);
+}
+
+#[tokio::test]
+async fn keys_of_any_shape_work_and_hash_as_specified() {
+    let observer = observer().await;
+    let locks = manager_named(&app_name("keys"), 2).await;
+    let suffix = uuid::Uuid::new_v4().to_string();
+    let keys = [
+        String::new() + &suffix,
+        format!("{suffix}\0nul\0bytes"),
+        format!("ключ-🔒-{suffix}-\u{FEFF}"),
+        format!("{suffix}'; SELECT pg_advisory_unlock_all(); --"),
+        format!("{suffix}{}", "x".repeat(1 << 20)),
+    ];
+    for key in &keys {
+        let guard = locks
+            .acquire(key, Some(Duration::from_secs(10)))
+            .await
+            .expect("acquire");
+        assert_eq!(guard.info().key, *key);
+        let rows = lock_rows(&observer, lock_id(key)).await;
+        assert_eq!(rows.len(), 1, "exactly the derived lock is held");
+        guard.release().await.expect("release");
+    }
+    // The empty key is a key too.
+    let empty_guard = locks
+        .acquire("", Some(Duration::from_secs(10)))
+        .await
+        .expect("acquire");
+    assert_eq!(empty_guard.info().lock_id, 7183457195969485844);
+    assert_eq!(lock_rows(&observer, 7183457195969485844).await.len(), 1);
+    empty_guard.release().await.expect("release");
 }

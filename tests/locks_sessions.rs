@@ -5,7 +5,9 @@
 //! * a statement on a shared session is never abandoned half-way by a cancelled caller: a try
 //!   or a release dropped while its statement is in flight completes on the session's task,
 //!   and the other locks on the session are never touched;
-//! * when a lock session closes, exactly its locks are declared lost.
+//! * when a lock session closes, exactly its locks are declared lost;
+//! * a lock session that holds nothing goes back to the pool, clean, after its idle timeout,
+//!   heartbeats or not; one whose unlock failed is not pooled.
 
 mod common;
 
@@ -14,8 +16,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::proxy::Proxy;
-use common::{app_name, eventually, key, lock_rows, observer, pool_named};
-use pglock::{FencingTable, LockGuard, LockManager, PostgresLockManager, lock_id};
+use common::{
+    app_name, eventually, key, lock_rows, manager_named, observer, pool_named, sessions_of,
+};
+use pglock::{Error, FencingTable, LockGuard, LockManager, PostgresLockManager, lock_id};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -813,4 +817,107 @@ async fn a_try_left_unpolled_on_an_idle_session_holds_up_other_callers_only_for_
         lock_rows(&observer, lock_id(&left_key)).await.is_empty()
     })
     .await;
+}
+
+#[tokio::test]
+async fn an_idle_lock_session_retires_though_its_heartbeats_keep_it_heard() {
+    // Pings every 20 ms keep the idle session heard; they are not use, so it still goes back
+    // to the pool after the idle timeout.
+    let app = app_name("idle-heard");
+    let pool = pool_named(1, &app).await;
+    let locks = common::manager_for(pool.clone(), &app)
+        .probe_interval(Duration::from_millis(20))
+        .session_idle_timeout(Duration::from_millis(300))
+        .build();
+    let guard = locks
+        .acquire(&key("idle-heard"), None)
+        .await
+        .expect("acquire");
+    guard.release().await.expect("release");
+    assert_eq!(locks.lock_session_count(), 1);
+    let conn = tokio::time::timeout(Duration::from_secs(10), pool.acquire())
+        .await
+        .expect("the idle lock session was returned to the pool, heartbeats or not")
+        .expect("checkout");
+    drop(conn);
+    assert_eq!(locks.lock_session_count(), 0);
+}
+
+#[tokio::test]
+async fn an_idle_lock_session_goes_back_to_the_pool_clean() {
+    let observer = observer().await;
+    let app = app_name("idle-sessions");
+    let pool = pool_named(1, &app).await;
+    let locks = common::manager_for(pool.clone(), &app)
+        .session_idle_timeout(Duration::from_millis(200))
+        .build();
+    // A lock loop runs on one lock session, whatever the number of keys.
+    for i in 0..20 {
+        let guard = locks
+            .acquire(&key(&format!("idle-{i}")), None)
+            .await
+            .expect("acquire");
+        guard.release().await.expect("release");
+    }
+    let sessions = sessions_of(&observer, &app).await;
+    assert_eq!(sessions.len(), 1, "{sessions:?}");
+    assert_eq!(locks.lock_session_count(), 1);
+    // Once it has held nothing for the idle timeout, the session goes back to the pool, clean.
+    let mut conn = tokio::time::timeout(Duration::from_secs(10), pool.acquire())
+        .await
+        .expect("the idle lock session was returned to the pool")
+        .expect("checkout");
+    let (pid, held, name): (i32, i64, String) = sqlx::query_as(
+        "SELECT pg_backend_pid(), (SELECT count(*) FROM pg_locks \
+         WHERE locktype = 'advisory' AND pid = pg_backend_pid()), \
+         current_setting('application_name')",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .expect("query");
+    assert_eq!(pid, sessions[0].pid, "the same connection");
+    assert_eq!(held, 0, "it holds no advisory lock");
+    assert_eq!(name, app, "the manager's tag was taken off");
+    assert_eq!(locks.lock_session_count(), 0);
+    drop(conn);
+    // The manager opens a new one when it needs it.
+    let guard = locks.acquire(&key("again"), None).await.expect("acquire");
+    guard.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn a_failed_unlock_is_reported_and_its_connection_is_not_pooled() {
+    let observer = observer().await;
+    let app = app_name("dead-session");
+    let locks = manager_named(&app, 2).await;
+    let key = key("dead-session");
+    common::hold(&locks, &key).await;
+    let holder_pid = lock_rows(&observer, lock_id(&key)).await[0].pid;
+    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(holder_pid)
+        .fetch_one(&observer)
+        .await
+        .expect("terminate");
+    assert!(terminated);
+
+    let err = locks.release(&key).await.expect_err("the session is gone");
+    assert!(matches!(err, Error::ReleaseFailed { .. }), "{err:?}");
+    assert_eq!(
+        locks.held_lock_count(),
+        0,
+        "the registry forgot the lock anyway"
+    );
+    // The dead connection did not go back to the pool: the next acquisition works.
+    let guard = locks
+        .acquire(&key, Some(Duration::from_secs(10)))
+        .await
+        .expect("a fresh session");
+    guard.release().await.expect("release");
+    assert!(
+        sessions_of(&observer, &app)
+            .await
+            .iter()
+            .all(|s| s.pid != holder_pid),
+        "the terminated backend is not among the pool's sessions"
+    );
 }

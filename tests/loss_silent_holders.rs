@@ -4,6 +4,10 @@
 //! holder, once it runs again, is told before its work goes on, and its fenced write is
 //! refused. A waiter frozen in the server's queue is a silent holder from its grant on. A
 //! healthy process, however busy or however long it holds, keeps its locks.
+//!
+//! PostgreSQL 13 and older have no `idle_session_timeout`: there the frozen holder and the
+//! frozen waiter keep their locks past the bound, until they run again, and the tests assert
+//! that instead (the holder still learns on resuming that it may not count on them).
 
 mod common;
 
@@ -116,19 +120,27 @@ async fn a_frozen_holder_loses_its_locks_within_the_bound_and_learns_it_when_it_
     // a step half-way), so the test freezes it right after a step, well before the next.
     output.until("ticking");
     output.until("tick ");
+    // PostgreSQL 13 and older have no `idle_session_timeout`: the server keeps a frozen
+    // holder's locks until it runs again, and the holder still learns then that it may not
+    // count on them.
+    let bounded = common::pg14_or_later(&pool).await;
 
     let pid = Pid::from_child(&child.0);
     kill_process(pid, Signal::STOP).expect("SIGSTOP the holder");
     let stopped_at = Instant::now();
-    for key in [&own, &contended] {
-        let guard = taken_within_the_bound(&rival, key, stopped_at, "frozen holder").await;
-        // The new holder claims the resource with its newer token.
-        let token = guard.info().fencing_token.expect("fenced");
-        let _: (String,) = fence
-            .raise(&pool, key.as_str(), token)
-            .await
-            .expect("raise");
-        guard.leak();
+    if bounded {
+        for key in [&own, &contended] {
+            let guard = taken_within_the_bound(&rival, key, stopped_at, "frozen holder").await;
+            // The new holder claims the resource with its newer token.
+            let token = guard.info().fencing_token.expect("fenced");
+            let _: (String,) = fence
+                .raise(&pool, key.as_str(), token)
+                .await
+                .expect("raise");
+            guard.leak();
+        }
+    } else {
+        kept_past_the_bound(&rival, &[&own, &contended]).await;
     }
 
     let resumed_us = now_us();
@@ -158,9 +170,27 @@ async fn a_frozen_holder_loses_its_locks_within_the_bound_and_learns_it_when_it_
     let said = |marker: &str| lines.iter().any(|line| line.contains(marker));
     assert!(said("run ended: lost expired"), "{lines:?}");
     assert!(said("contended: lost expired"), "{lines:?}");
-    assert!(said("own: write refused"), "{lines:?}");
-    assert!(said("contended: write refused"), "{lines:?}");
+    if bounded {
+        assert!(said("own: write refused"), "{lines:?}");
+        assert!(said("contended: write refused"), "{lines:?}");
+    } else {
+        // Nobody could take the keys meanwhile, so no newer token fences its writes out.
+        assert!(said("own: write Ok("), "{lines:?}");
+        assert!(said("contended: write Ok("), "{lines:?}");
+    }
     rival.release_all().await.expect("release");
+}
+
+/// On a server without `idle_session_timeout` (PostgreSQL 13 and older): a silent holder's
+/// `keys` stay held past the bound; another process waiting for them times out.
+async fn kept_past_the_bound(rival: &PostgresLockManager, keys: &[&str]) {
+    let attempts = keys
+        .iter()
+        .map(|key| rival.acquire(*key, Some(SILENCE + SLACK)));
+    for (key, attempt) in keys.iter().zip(futures::future::join_all(attempts).await) {
+        let err = attempt.expect_err("a server without idle_session_timeout keeps the locks");
+        assert!(err.is_timeout(), "{key}: {err:?}");
+    }
 }
 
 /// The child: holds two keys, ticks under the first until told its lock is gone, then tries
@@ -230,6 +260,10 @@ async fn a_waiter_frozen_in_the_queue_holds_the_lock_granted_meanwhile_no_longer
     let rival = silent_manager(pool, &fencing);
     let key = key("frozen-waiter");
     let first = rival.acquire(&key, None).await.expect("acquire");
+    let first_token = first.info().fencing_token.expect("fenced");
+    // PostgreSQL 13 and older have no `idle_session_timeout`: the frozen waiter's session
+    // keeps the lock granted to it until the waiter runs again, and then takes that grant.
+    let bounded = common::pg14_or_later(&observer).await;
     let (child, output) = Reaped::spawn(
         "a_waiter_frozen_in_the_queue_holds_the_lock_granted_meanwhile_no_longer_than_the_bound",
         WAITER_ROLE,
@@ -251,6 +285,16 @@ async fn a_waiter_frozen_in_the_queue_holds_the_lock_granted_meanwhile_no_longer
         },
     )
     .await;
+    if !bounded {
+        kept_past_the_bound(&rival, &[&key]).await;
+        kill_process(pid, Signal::CONT).expect("SIGCONT the waiter");
+        let later = granted_token(&output.until("granted"));
+        assert!(
+            later > first_token,
+            "the waiter's token {later} is not newer than {first_token}, the holder's before it"
+        );
+        return;
+    }
     let taken = taken_within_the_bound(&rival, &key, granted_at, "frozen waiter").await;
     let token = taken.info().fencing_token.expect("fenced");
 
@@ -267,16 +311,19 @@ async fn a_waiter_frozen_in_the_queue_holds_the_lock_granted_meanwhile_no_longer
         "the waiter took a grant its session no longer held: {so_far:?}"
     );
     taken.release().await.expect("release");
-    let line = output.until("granted");
-    let later: i64 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|token| token.parse().ok())
-        .unwrap_or_else(|| panic!("a token in {line:?}"));
+    let later = granted_token(&output.until("granted"));
     assert!(
         later > token,
         "the waiter's token {later} is not newer than {token}, taken while it was frozen"
     );
+}
+
+/// The token in the child's `granted {token}` line.
+fn granted_token(line: &str) -> i64 {
+    line.split_whitespace()
+        .nth(1)
+        .and_then(|token| token.parse().ok())
+        .unwrap_or_else(|| panic!("a token in {line:?}"))
 }
 
 /// The child: waits for the key without a deadline, then says which token it got.
@@ -410,6 +457,13 @@ async fn the_manager_leaves_no_session_setting_behind_in_the_pool() {
         .expect("connect");
     let before = settings_of_every_connection(&pool).await;
     assert_eq!(before.len(), 2);
+    let has_idle_session_timeout = common::pg14_or_later(&pool).await;
+    assert!(
+        before
+            .iter()
+            .all(|settings| settings.0.is_some() == has_idle_session_timeout),
+        "{before:?}"
+    );
     let locks = PostgresLockManager::builder(pool.clone())
         .lock_sessions(1)
         .session_idle_timeout(Duration::from_millis(50))
@@ -442,9 +496,11 @@ async fn the_manager_leaves_no_session_setting_behind_in_the_pool() {
     assert_eq!(after, before);
 }
 
-type Settings = (String, String, String, String);
+/// `idle_session_timeout` is NULL on PostgreSQL 13 and older, which lack it (the manager sets
+/// it only where the server has it).
+type Settings = (Option<String>, String, String, String);
 
-const SETTINGS: &str = "SELECT current_setting('idle_session_timeout'), \
+const SETTINGS: &str = "SELECT current_setting('idle_session_timeout', true), \
     current_setting('tcp_user_timeout'), current_setting('tcp_keepalives_idle'), \
     current_setting('application_name')";
 

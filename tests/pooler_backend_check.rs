@@ -3,7 +3,7 @@
 //! stranded. Every statement a manager sends on a session locks only on the backend it set up:
 //! elsewhere it takes nothing, and the caller gets `Error::TransactionPooling`.
 //!
-//! `tests/session_locks_pgbouncer.rs` shows what a real PgBouncer does. The one CI installs
+//! `tests/pooler_session_locks.rs` shows what a real PgBouncer does. The one CI installs
 //! (Debian's) keeps no prepared statements across server connections in transaction mode, so
 //! there a statement that moves fails on its prepared statement before its lock function runs,
 //! and those tests pass even without the backend check. A pooler that carries prepared

@@ -1,6 +1,6 @@
 //! What `PostgresLockManager`'s session locks do through a PgBouncer in transaction pooling
 //! mode, recorded as a user sees it, next to the transaction locks that work there
-//! (`tests/transaction_locks_pgbouncer.rs`).
+//! (`tests/pooler_xact_locks.rs`).
 //!
 //! In transaction mode PgBouncer hands a server connection to a client for one transaction
 //! only; a statement in autocommit is a transaction of its own. A session lock is taken by one

@@ -114,7 +114,7 @@ async fn a_wait_without_a_session_joins_the_queue_once_one_is_free() {
     granted.release().await.expect("release");
     let freed = turnover.grants();
     // It joins the queue when the server queues its wait (or grants it without one): count
-    // from there, as `semaphores.rs` counts its newcomer.
+    // from there, as `semaphore_permits.rs` counts its newcomer.
     let joined = loop {
         let queued = queued_for(&observer, &app, lock_id(&hot)).await;
         let now = turnover.grants();

@@ -1,7 +1,7 @@
 //! `TransactionLock` on PostgreSQL directly: each key lands in its key space, transaction and
 //! session locks of the same key exclude each other, a connection outside a transaction is
 //! refused with nothing locked, and nothing of the call stays in the caller's transaction.
-//! (Through PgBouncer: `tests/transaction_locks_pgbouncer.rs`.)
+//! (Through PgBouncer: `tests/pooler_xact_locks.rs`.)
 
 mod common;
 

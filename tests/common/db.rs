@@ -51,6 +51,12 @@ pub fn manager_for(pool: PgPool, app: &str) -> pglock::PostgresLockManagerBuilde
     pglock::PostgresLockManager::builder(pool).holder_id(app)
 }
 
+/// A manager on a pool of its own of at most `max` connections, tagged with `application_name`
+/// `app`, whose holder id is `app` (see [`manager_for`]).
+pub async fn manager_named(app: &str, max: u32) -> pglock::PostgresLockManager {
+    manager_for(pool_named(max, app).await, app).build()
+}
+
 /// A pool for looking at the server's views from outside the code under test.
 pub async fn observer() -> PgPool {
     pool_named(2, "pglock-observer").await

@@ -15,11 +15,13 @@ pub mod proxy;
 pub mod roles;
 pub mod stages;
 pub mod turnover;
+mod version;
 mod views;
 mod wait;
 
 pub use ages::*;
 pub use db::*;
 pub use held::*;
+pub use version::*;
 pub use views::*;
 pub use wait::*;

@@ -50,12 +50,12 @@ impl Sandbox {
     pub async fn remove(self) {
         self.admin.close().await;
         let server = server_pool().await;
-        for sql in [
-            format!("DROP DATABASE {} WITH (FORCE)", self.database),
-            format!("DROP ROLE {}", self.role),
-        ] {
-            exec(&server, sql).await.expect("clean up");
-        }
+        drop_database_forcibly(&server, &self.database)
+            .await
+            .expect("clean up");
+        exec(&server, format!("DROP ROLE {}", self.role))
+            .await
+            .expect("clean up");
         server.close().await;
     }
 
@@ -82,6 +82,27 @@ async fn server_pool() -> PgPool {
         .connect(pglock_testing::database_url())
         .await
         .expect("connect to the test database")
+}
+
+/// Drops database `name` (an identifier the test made), ending the sessions still connected
+/// to it: `WITH (FORCE)` from PostgreSQL 13 on; on 12, which lacks it, they are terminated
+/// first (`DROP DATABASE` waits a few seconds for them to exit).
+pub async fn drop_database_forcibly(pool: &PgPool, name: &str) -> Result<(), sqlx::Error> {
+    let (version,): (String,) = sqlx::query_as("SHOW server_version_num")
+        .fetch_one(pool)
+        .await?;
+    let version: u32 = version.parse().expect("server_version_num is a number");
+    if version >= 130_000 {
+        return exec(pool, format!("DROP DATABASE {name} WITH (FORCE)")).await;
+    }
+    sqlx::query(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE datname = $1 AND pid <> pg_backend_pid()",
+    )
+    .bind(name)
+    .execute(pool)
+    .await?;
+    exec(pool, format!("DROP DATABASE {name}")).await
 }
 
 /// Runs an SQL text made by the test.
