@@ -351,8 +351,10 @@ pub trait LockManagerExt: LockManager {
     }
 
     /// Runs `body` under the exclusive lock on `key` if the lock is free right now, and returns
-    /// `Ok(None)` without running it when anyone holds the lock: "try, else skip", the usual
-    /// shape of a job that one replica of many should run.
+    /// `Ok(None)` without running it when anyone holds the lock: "try, else skip", for work
+    /// that another replica doing it right now makes unnecessary. Not for a job on a timer: a
+    /// short run ends before a replica whose timer fires late tries, which then runs it again;
+    /// [`ScheduledJob`](crate::schedule::ScheduledJob) runs a job at most once per window.
     ///
     /// # Errors
     ///
@@ -369,10 +371,10 @@ pub trait LockManagerExt: LockManager {
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
     /// let locks = InMemoryLockManager::new();
-    /// let ran = locks.try_with_lock("job:nightly", |_| async { "compacted" }).await?;
-    /// assert_eq!(ran, Some("compacted"));
-    /// let _held = locks.acquire("job:nightly", None).await?;
-    /// assert_eq!(locks.try_with_lock("job:nightly", |_| async { "twice" }).await?, None);
+    /// let ran = locks.try_with_lock("rebuild:index", |_| async { "rebuilt" }).await?;
+    /// assert_eq!(ran, Some("rebuilt"));
+    /// let _held = locks.acquire("rebuild:index", None).await?;
+    /// assert_eq!(locks.try_with_lock("rebuild:index", |_| async { "twice" }).await?, None);
     /// # Ok(()) }
     /// ```
     fn try_with_lock<F, Fut, T>(

@@ -48,8 +48,9 @@
 //!     })
 //!     .await?;
 //!
-//! // One replica of many runs the job; the others skip it.
-//! let ran = locks.try_with_lock("nightly-report", |_| async { /* ... */ }).await?;
+//! // Skip the work when another replica is doing it right now. (For a job on a timer, use
+//! // `schedule::ScheduledJob`: a short run ends before a late replica tries, and runs twice.)
+//! let ran = locks.try_with_lock("rebuild:search-index", |_| async { /* ... */ }).await?;
 //! println!("ran here: {}", ran.is_some());
 //! # Ok(()) }
 //! ```
