@@ -245,13 +245,24 @@ fn sized(options: PgPoolOptions, args: &Args) -> PgPoolOptions {
     }
 }
 
+/// The lock budget a stock server grants a manager on sqlx's default pool:
+/// `max_locks_per_transaction` (64) × the pool's 10 connections.
+const STOCK_BUDGET: usize = 640;
+
 fn pglock_manager(pool: PgPool, args: &Args) -> PostgresLockManager {
     // The harness counts a library's connections by their `application_name`
     // (`lockbench-lib-<run>`): keep it, rather than pglock's `pglock:{holder}` session tag.
-    PostgresLockManager::builder(pool)
+    let builder = PostgresLockManager::builder(pool)
         .tracing(args.pglock_tracing)
-        .application_name_prefix(None)
-        .build()
+        .application_name_prefix(None);
+    // W4 with more keys than the default budget raises it on purpose, as users are told to
+    // (the server's lock table holds about 12,900 advisory locks on a stock server).
+    let builder = if args.keys > STOCK_BUDGET {
+        builder.lock_budget(args.keys)
+    } else {
+        builder
+    };
+    builder.build()
 }
 
 /// What a task locks with.
