@@ -330,33 +330,21 @@ impl<B: Backend> Core<B> {
             handoffs < limit && turn.is_awaited() && since.elapsed() < limits.max_hold
         });
         let (turn, session, slot) = if within_limits {
-            // The session is heard from first: it may have ended unseen since the grant, and a
-            // release that hands the lock over is confirmed only as an unlock is.
-            let mut session = session;
-            let token = match self.backend.confirm(key, target, &mut session).await {
-                Ok(token) => token,
-                Err(_) if super::planted!(HandoffUnheard) => None,
-                Err(err) => {
-                    drop((session, slot, turn));
-                    spans::warn_failed(recorder.span(), &err, "lock release unconfirmed");
-                    recorder.finish(outcome::ERROR, true);
-                    return Err(err);
-                }
-            };
             let handoff = Handoff {
                 session,
                 slot,
                 mode,
                 since,
                 handoffs: handoffs + 1,
-                token,
+                token: None,
             };
-            match turn.hand_over(handoff) {
-                Ok(()) => {
+            match self.hand_over(key, target, turn, handoff, &recorder).await {
+                Ok(None) => {
                     recorder.finish(outcome::HANDED_OVER, false);
                     return Ok(());
                 }
-                Err((turn, handoff)) => (turn, handoff.session, handoff.slot),
+                Ok(Some(back)) => back,
+                Err(err) => return released(recorder, Err(err)),
             }
         } else {
             (turn, session, slot)
@@ -373,13 +361,47 @@ impl<B: Backend> Core<B> {
         } else {
             drop((slot, turn));
         }
-        match &result {
-            Ok(()) => recorder.finish(outcome::RELEASED, false),
-            Err(err) => {
-                spans::warn_failed(recorder.span(), err, "lock release unconfirmed");
-                recorder.finish(outcome::ERROR, true);
-            }
-        }
-        result
+        released(recorder, result)
     }
+
+    /// Hands the lock to the next local waiter once its session has answered: it may have
+    /// ended unseen since the grant, and a release that hands the lock over is confirmed only
+    /// as an unlock is. `Ok(None)` when handed over; the turn, session and slot back when the
+    /// waiter has gone meanwhile (the lock is then unlocked on the server); an error when the
+    /// session did not answer (the lock went with it, and everything is dropped).
+    async fn hand_over(
+        &self,
+        key: &LockKey,
+        target: LockTarget,
+        turn: TurnPermit<B::Session>,
+        mut handoff: Handoff<B::Session>,
+        recorder: &Outcome,
+    ) -> Result<Option<(TurnPermit<B::Session>, B::Session, Slot)>> {
+        let confirm = self.backend.confirm(key, target, &mut handoff.session);
+        let confirmed = match recorder.span() {
+            None => confirm.await,
+            Some(span) => confirm.instrument(span.clone()).await,
+        };
+        handoff.token = match confirmed {
+            Ok(token) => token,
+            Err(_) if super::planted!(HandoffUnheard) => None,
+            Err(err) => return Err(err),
+        };
+        match turn.hand_over(handoff) {
+            Ok(()) => Ok(None),
+            Err((turn, handoff)) => Ok(Some((turn, handoff.session, handoff.slot))),
+        }
+    }
+}
+
+/// Records how a release that reached the backend ended, and returns it.
+fn released(mut recorder: Outcome, result: Result<()>) -> Result<()> {
+    match &result {
+        Ok(()) => recorder.finish(outcome::RELEASED, false),
+        Err(err) => {
+            spans::warn_failed(recorder.span(), err, "lock release unconfirmed");
+            recorder.finish(outcome::ERROR, true);
+        }
+    }
+    result
 }
