@@ -698,3 +698,16 @@ impl Campaign {
         self.retry.mul_f64(1.0 + self.jitter * random)
     }
 }
+
+/// The defaults `docs/defaults.md` documents, as the code has them (see `defaults_table`).
+#[cfg(test)]
+pub(crate) fn documented_defaults() -> Vec<(&'static str, String)> {
+    let builder = LeaderElection::builder(Arc::new(crate::InMemoryLockManager::new()), "l");
+    vec![
+        (
+            "LeaderElection retry_interval",
+            crate::defaults_table::duration(builder.retry_interval),
+        ),
+        ("LeaderElection jitter", builder.jitter.to_string()),
+    ]
+}

@@ -75,8 +75,7 @@
 //!
 //! # Guarantees, briefly
 //!
-//! Each is stated in full where it lives; the repository's `docs/guarantees.md` names the test
-//! that defends it.
+//! Each is stated in full on the item it belongs to:
 //!
 //! * [The contract](LockManager#the-contract) of every manager: callers of one manager take
 //!   turns (only nesting fails, [`Error::Reentrant`]), the caller's deadline is the only bound,
@@ -86,8 +85,9 @@
 //!   server's lock table; lost locks detected within about one probe interval.
 //! * [`FencingTable`] and [`RowFence`]: tokens that let a resource refuse a superseded holder.
 //!
-//! The repository's `docs/guide.md` is the user's guide, `docs/design.md` explains the design,
-//! and `docs/failure-model.md` what is detected and how fast.
+//! Beyond this reference, the source repository's `docs/` folder holds a guide with a page per
+//! task, every default and limit in one table, the design, the failure model, and each
+//! guarantee with the test that defends it.
 #![forbid(unsafe_code)]
 #![warn(
     missing_docs,
@@ -99,6 +99,8 @@
 
 mod attempt;
 mod core;
+#[cfg(test)]
+mod defaults_table;
 mod error;
 mod exit;
 mod ext;
@@ -163,5 +165,61 @@ pub mod prelude {
 struct ReadmeDoctests;
 
 #[cfg(doctest)]
-#[doc = include_str!("../docs/guide.md")]
-struct GuideDoctests;
+#[doc = include_str!("../docs/guide/README.md")]
+struct GuideIndexDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/getting-started.md")]
+struct GuideGettingStartedDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/critical-sections.md")]
+struct GuideCriticalSectionsDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/lock-budget.md")]
+struct GuideLockBudgetDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/transaction-locks.md")]
+struct GuideTransactionLocksDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/lost-locks.md")]
+struct GuideLostLocksDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/fencing.md")]
+struct GuideFencingDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/leader-election.md")]
+struct GuideLeaderElectionDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/scheduled-jobs.md")]
+struct GuideScheduledJobsDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/semaphores.md")]
+struct GuideSemaphoresDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/operating.md")]
+struct GuideOperatingDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/errors.md")]
+struct GuideErrorsDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/testing.md")]
+struct GuideTestingDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/migration.md")]
+struct GuideMigrationDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/interop.md")]
+struct GuideInteropDoctests;

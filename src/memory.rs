@@ -361,3 +361,10 @@ impl Backend for MemoryBackend {
         Ok(())
     }
 }
+
+/// The defaults `docs/defaults.md` documents, as the code has them (see `defaults_table`).
+#[cfg(test)]
+pub(crate) fn documented_defaults() -> Vec<(&'static str, String)> {
+    let wait = crate::defaults_table::duration(DEADLOCK_TIMEOUT);
+    vec![("cycle check", format!("after {wait} of waiting"))]
+}

@@ -501,6 +501,74 @@ impl fmt::Debug for PostgresLockManagerBuilder {
     }
 }
 
+/// The defaults `docs/defaults.md` documents, as the code has them (see `defaults_table`).
+#[cfg(test)]
+pub(crate) fn documented_defaults() -> Vec<(&'static str, String)> {
+    use crate::defaults_table::{duration, on_off};
+    let pool = |size| {
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(size)
+            .connect_lazy("postgres://localhost/unused")
+            .expect("a lazy pool")
+    };
+    let b = PostgresLockManagerBuilder::new(pool(10));
+    let handoff = b.handoff.expect("handoffs are on by default");
+    let budget = |max_locks, size| {
+        let set_up = super::wait_session::SetUp {
+            standby: false,
+            max_locks_per_transaction: max_locks,
+        };
+        super::sessions::default_budget(&pool(size), set_up)
+    };
+    let formula = budget(64, 10) == 640 && budget(128, 3) == 384;
+    vec![
+        (
+            "max_connections",
+            b.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS).to_string(),
+        ),
+        ("lock_sessions", b.lock_sessions.to_string()),
+        (
+            "lock_budget",
+            match (b.common.lock_budget, formula) {
+                (None, true) => "max_locks_per_transaction × pool size".to_owned(),
+                other => format!("{other:?}"),
+            },
+        ),
+        (
+            "silence_timeout",
+            b.silence_timeout.map_or("off".to_owned(), duration),
+        ),
+        ("probe_interval", duration(b.probe_interval)),
+        ("probe_grace", duration(b.probe_grace)),
+        ("detect_lost_locks", on_off(b.detect_lost_locks).to_owned()),
+        (
+            "handoff_limits",
+            format!(
+                "{} handoffs, {}",
+                handoff.max_handoffs,
+                duration(handoff.max_hold)
+            ),
+        ),
+        ("release_timeout", duration(b.release_timeout)),
+        ("wait_poll_interval", duration(b.wait_poll_interval)),
+        ("session_idle_timeout", duration(b.session_idle_timeout)),
+        (
+            "deadlock_timeout",
+            b.deadlock_timeout
+                .map_or("the server's deadlock_timeout".to_owned(), duration),
+        ),
+        (
+            "application_name_prefix",
+            format!("{:?}", b.tag_prefix.as_deref().unwrap_or("none")),
+        ),
+        ("allow_standby", on_off(b.allow_standby).to_owned()),
+        (
+            "lock session spread",
+            format!("{} locks", super::sessions::SPREAD_AT),
+        ),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::ConnectionSplit;

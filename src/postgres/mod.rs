@@ -29,6 +29,8 @@ use std::sync::Arc;
 use sqlx::PgPool;
 
 pub use self::builder::PostgresLockManagerBuilder;
+#[cfg(test)]
+pub(crate) use self::builder::documented_defaults;
 pub use self::fencing::FencingTable;
 
 use self::backend::PgBackend;

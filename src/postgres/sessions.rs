@@ -185,7 +185,7 @@ pub(crate) fn default_budget(pool: &PgPool, set_up: SetUp) -> usize {
 /// them. PostgreSQL walks a session's whole local lock table at the end of every transaction,
 /// so each statement on a session holding N locks costs O(N) on the server: about 0.03 ms with
 /// none held and 1-2 ms with 10,000, measured on PostgreSQL 15.
-const SPREAD_AT: usize = 256;
+pub(super) const SPREAD_AT: usize = 256;
 
 impl State {
     /// The session with the fewest commands waiting, then the fewest locks; ties go to the

@@ -227,6 +227,58 @@ impl fmt::Debug for ScheduledJobBuilder {
     }
 }
 
+/// The defaults `docs/defaults.md` documents, as the code has them (see `defaults_table`):
+/// each formula is stated only if the code follows it at both ends of its range.
+#[cfg(test)]
+pub(crate) fn documented_defaults() -> Vec<(&'static str, String)> {
+    use crate::defaults_table::duration;
+    let spec = |period: Duration, max_hold: Option<Duration>| {
+        let mut builder = ScheduledJob::builder(
+            Arc::new(crate::InMemoryLockManager::new()),
+            Arc::new(super::InMemoryJobStore::new()),
+            "j",
+            period,
+        );
+        if let Some(max_hold) = max_hold {
+            builder = builder.max_hold(max_hold);
+        }
+        builder.build().expect("valid").spec().clone()
+    };
+    let secs = Duration::from_secs;
+    let (long, short) = (spec(secs(300), None), spec(secs(10), None));
+    let capped = spec(secs(10), Some(secs(2)));
+    let or_else = |holds: bool, formula: &str, value: Duration| {
+        if holds { formula.to_owned() } else { duration(value) }
+    };
+    vec![
+        (
+            "ScheduledJob skew_tolerance",
+            or_else(
+                long.skew_tolerance == secs(5) && short.skew_tolerance == secs(1),
+                "period / 10, at most 5 s",
+                long.skew_tolerance,
+            ),
+        ),
+        (
+            "ScheduledJob min_hold",
+            or_else(
+                long.min_hold == secs(150) && capped.min_hold == secs(2),
+                "period / 2, at most max_hold",
+                long.min_hold,
+            ),
+        ),
+        (
+            "ScheduledJob max_hold",
+            or_else(long.max_hold == secs(300), "period", long.max_hold),
+        ),
+        (
+            "ScheduledJob period",
+            format!("at least {}", duration(SHORTEST_PERIOD)),
+        ),
+        ("ScheduledJob name", format!("at most {LONGEST_NAME} bytes")),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

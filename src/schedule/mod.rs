@@ -110,6 +110,8 @@
 //! sessions.
 
 mod builder;
+#[cfg(test)]
+pub(crate) use self::builder::documented_defaults;
 mod error;
 mod lease;
 mod memory;
