@@ -23,8 +23,8 @@ timing of the same ops) within about 1 %, and the tool warns about a run that is
 which other processes took the CPU. The split between the two is what perf saw,
 and is only as good as its calibration: run `sqlx_raw_x --raw-spin N` (a known client-only
 cost) beside the floor. On the VM this was written on, the spin's cost landed about twice on
-the client's side and was taken off the server's (docs/benchmarks.md), so there only the sum
-was dependable.
+the client's side and was taken off the server's (docs/benchmarks/notebook.md, "Sampling the
+pinned CPU instead"), so there only the sum was dependable.
 
 Needs `perf` and the right to sample a whole CPU (root, or kernel.perf_event_paranoid <= 0), a
 local server (the DSN's) and the right to change its processes' affinity. Prints medians over

@@ -88,7 +88,7 @@ pub fn jain(counts: &[usize]) -> f64 {
     }
 }
 
-/// One result line (see `docs/benchmarks.md`, "Workloads": what each line carries).
+/// One result line (see `docs/benchmarks/notebook.md`, "Workloads": what each line carries).
 #[allow(clippy::too_many_arguments)]
 pub fn result(
     lib: &str,

@@ -1,4 +1,5 @@
-//! The workloads, one function each (definitions and clock rules in `docs/benchmarks.md`).
+//! The workloads, one function each (definitions and clock rules in `docs/benchmarks/notebook.md`,
+//! "Workloads").
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
