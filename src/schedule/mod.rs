@@ -99,8 +99,10 @@
 //! [`LockManager`], taken without waiting (a
 //! replica that finds it held skips with [`Skip::Busy`]). It excludes a second runner in the one
 //! case the table cannot: a process that froze mid-run (a long pause, a suspended VM) past its
-//! max hold keeps its session, and so its lock, until it wakes and is cut off; no one takes the
-//! job over meanwhile. If the manager declares the lock lost, the body is cancelled and `run`
+//! max hold keeps its lock until the server ends its silent session (the
+//! [`silence_timeout`](crate::PostgresLockManagerBuilder::silence_timeout); on PostgreSQL 13 and
+//! older, until it wakes); when it wakes, its body is cut off before it is polled again. If the
+//! manager declares the lock lost, the body is cancelled and `run`
 //! returns [`Error::Lock`] with [`crate::Error::LockLost`], as
 //! [`with_lock`](crate::LockManagerExt::with_lock) does. `pglock holders scheduled-job:{name}`
 //! shows who runs a job right now.
