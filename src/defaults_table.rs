@@ -2,21 +2,23 @@
 //! be what the code does, and every row must be checked here.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 const TABLE: &str = include_str!("../docs/defaults.md");
 
-/// A duration as the table writes it: `20 s`, `250 ms`.
-pub(crate) fn duration(value: Duration) -> String {
-    if value.subsec_nanos() == 0 {
-        format!("{} s", value.as_secs())
-    } else {
-        format!("{} ms", value.as_millis())
-    }
-}
-
-pub(crate) fn on_off(value: bool) -> &'static str {
-    if value { "on" } else { "off" }
+/// A value from the code as the table writes it: a duration's `Debug` form (`20s`, `250ms`)
+/// with a space before its unit (`20 s`, `250 ms`).
+fn spaced(value: &str) -> String {
+    let words = value.split(' ').map(|word| {
+        let digits = word.trim_end_matches(|c: char| c.is_ascii_alphabetic() || c == 'µ');
+        let unit = &word[digits.len()..];
+        let numeric = !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit() || c == '.');
+        if numeric && ["s", "ms", "µs"].contains(&unit) {
+            format!("{digits} {unit}")
+        } else {
+            word.to_owned()
+        }
+    });
+    words.collect::<Vec<_>>().join(" ")
 }
 
 /// The first two cells of every table row but the headers, without their backticks.
@@ -46,7 +48,7 @@ fn in_the_code() -> BTreeMap<String, String> {
     ]
     .into_iter()
     .flatten()
-    .map(|(name, value)| (name.to_owned(), value))
+    .map(|(name, value)| (name.to_owned(), spaced(&value)))
     .collect();
     let names = [
         ("FencingTable::default", crate::FencingTable::DEFAULT_NAME),

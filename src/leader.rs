@@ -706,7 +706,7 @@ pub(crate) fn documented_defaults() -> Vec<(&'static str, String)> {
     vec![
         (
             "LeaderElection retry_interval",
-            crate::defaults_table::duration(builder.retry_interval),
+            format!("{:?}", builder.retry_interval),
         ),
         ("LeaderElection jitter", builder.jitter.to_string()),
     ]

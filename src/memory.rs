@@ -365,6 +365,8 @@ impl Backend for MemoryBackend {
 /// The defaults `docs/defaults.md` documents, as the code has them (see `defaults_table`).
 #[cfg(test)]
 pub(crate) fn documented_defaults() -> Vec<(&'static str, String)> {
-    let wait = crate::defaults_table::duration(DEADLOCK_TIMEOUT);
-    vec![("cycle check", format!("after {wait} of waiting"))]
+    vec![(
+        "cycle check",
+        format!("after {DEADLOCK_TIMEOUT:?} of waiting"),
+    )]
 }

@@ -337,7 +337,10 @@ async fn a_server_older_than_12_is_refused_with_its_version() {
     let key = key("old-server");
     let attempt = locks.try_acquire(&key).await;
     if supported {
-        assert!(matches!(attempt, Ok(pglock::Attempt::Acquired(_))), "{attempt:?}");
+        assert!(
+            matches!(attempt, Ok(pglock::Attempt::Acquired(_))),
+            "{attempt:?}"
+        );
         return;
     }
     let err = attempt.map(drop).expect_err("an unsupported server");

@@ -504,7 +504,9 @@ impl fmt::Debug for PostgresLockManagerBuilder {
 /// The defaults `docs/defaults.md` documents, as the code has them (see `defaults_table`).
 #[cfg(test)]
 pub(crate) fn documented_defaults() -> Vec<(&'static str, String)> {
-    use crate::defaults_table::{duration, on_off};
+    // Durations in their `Debug` form, switches as `on`/`off`: `defaults_table` reads them.
+    let duration = |value: Duration| format!("{value:?}");
+    let on_off = |value: bool| if value { "on" } else { "off" };
     let pool = |size| {
         sqlx::postgres::PgPoolOptions::new()
             .max_connections(size)
@@ -524,7 +526,9 @@ pub(crate) fn documented_defaults() -> Vec<(&'static str, String)> {
     vec![
         (
             "max_connections",
-            b.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS).to_string(),
+            b.max_connections
+                .unwrap_or(DEFAULT_MAX_CONNECTIONS)
+                .to_string(),
         ),
         ("lock_sessions", b.lock_sessions.to_string()),
         (

@@ -231,7 +231,8 @@ impl fmt::Debug for ScheduledJobBuilder {
 /// each formula is stated only if the code follows it at both ends of its range.
 #[cfg(test)]
 pub(crate) fn documented_defaults() -> Vec<(&'static str, String)> {
-    use crate::defaults_table::duration;
+    // Durations in their `Debug` form: `defaults_table` reads them.
+    let duration = |value: Duration| format!("{value:?}");
     let spec = |period: Duration, max_hold: Option<Duration>| {
         let mut builder = ScheduledJob::builder(
             Arc::new(crate::InMemoryLockManager::new()),
@@ -248,7 +249,11 @@ pub(crate) fn documented_defaults() -> Vec<(&'static str, String)> {
     let (long, short) = (spec(secs(300), None), spec(secs(10), None));
     let capped = spec(secs(10), Some(secs(2)));
     let or_else = |holds: bool, formula: &str, value: Duration| {
-        if holds { formula.to_owned() } else { duration(value) }
+        if holds {
+            formula.to_owned()
+        } else {
+            duration(value)
+        }
     };
     vec![
         (
