@@ -9,8 +9,8 @@
 //!
 //! ```toml
 //! [dependencies]
-//! pglock = "0.1"
-//! pglock-migration = "0.1"
+//! pglock = "0.3"
+//! pglock-migration = "0.3"
 //! ```
 //!
 //! # At a glance

@@ -4,7 +4,7 @@
 //!
 //! ```toml
 //! [dev-dependencies]
-//! pglock-testing = "0.2"
+//! pglock-testing = "0.3"
 //! ```
 //!
 //! * [`conformance`]: the contract of [`LockManager`](pglock::LockManager) as executable cases.
@@ -26,6 +26,7 @@
     missing_debug_implementations,
     rust_2018_idioms
 )]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod conformance;
 mod pgbouncer;
