@@ -27,7 +27,8 @@
 # suite; exclusion between holders and processes, shared locks, keys, turns, handoff, lock
 # sessions, deadlines, errors and cancellation; where waits wait, on what connections, and
 # lock-order cycles; lost-lock detection, faults and the silence bound; fencing tokens and
-# fenced writes; transaction locks; scheduled jobs, leader election, semaphores and inspection.
+# fenced writes; transaction locks; scheduled jobs, leader election, semaphores and inspection;
+# the lock budget, a role that owns nothing, and a server in recovery refused as a standby.
 # Left out: the HA suite (the packages have no pg_basebackup), the pooler tests (they need
 # PgBouncer, and test the pooler more than the server) and the slow rest. Tests that assert
 # a behaviour which differs on an older server read its version and assert what is documented
@@ -56,7 +57,7 @@ declare -A NOTES=(
 )
 TESTS=(conformance
        locks_exclusion locks_processes locks_shared locks_keys locks_turns locks_handoff
-       locks_sessions locks_deadlines locks_errors locks_cancellation
+       locks_sessions locks_deadlines locks_errors locks_cancellation locks_budget locks_roles
        waits_queues waits_sessions waits_cycles
        loss_detection loss_silent_holders loss_faults
        fencing_tokens fencing_rmw

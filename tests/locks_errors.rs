@@ -350,3 +350,37 @@ async fn a_server_older_than_12_is_refused_with_its_version() {
         "{err:?}"
     );
 }
+
+/// A manager whose pool reaches a server in recovery is refused with `Error::Standby`, on
+/// every version `scripts/pg-matrix.sh` runs (a lone server in recovery: the packages it uses
+/// have no `pg_basebackup` for a streaming standby, which `ha.rs` uses on the main server).
+#[tokio::test]
+async fn a_server_in_recovery_is_refused_as_a_standby() {
+    let server = TempPostgres::start_in_recovery().expect("a server in recovery");
+    let pool = PgPoolOptions::new()
+        .max_connections(3)
+        .connect_with(options(&server))
+        .await
+        .expect("connect");
+    let (in_recovery,): (bool,) = sqlx::query_as("SELECT pg_is_in_recovery()")
+        .fetch_one(&pool)
+        .await
+        .expect("pg_is_in_recovery");
+    assert!(in_recovery, "the server must be in recovery");
+    let locks = PostgresLockManager::new(pool);
+    let key = key("in-recovery");
+    let attempts = [
+        locks.try_acquire(&key).await.map(drop),
+        locks
+            .acquire(&key, Some(Duration::from_secs(2)))
+            .await
+            .map(drop),
+    ];
+    for attempt in attempts {
+        assert!(
+            matches!(&attempt, Err(Error::Standby { key: k }) if k == &key),
+            "{attempt:?}"
+        );
+    }
+    assert_eq!(locks.held_lock_count(), 0);
+}

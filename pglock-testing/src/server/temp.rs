@@ -108,6 +108,22 @@ impl TempPostgres {
         Ok(standby)
     }
 
+    /// Starts a server that stays in recovery, as a standby does, but follows no primary: a
+    /// new cluster, stopped cleanly and started again with a `standby.signal` file. It answers
+    /// read-only queries (`pg_is_in_recovery()` is true) and needs no `pg_basebackup`, so it
+    /// can be had from any server binaries of PostgreSQL 12 or later.
+    ///
+    /// # Errors
+    ///
+    /// When `initdb` or `pg_ctl` fail, or the signal file cannot be written.
+    pub fn start_in_recovery() -> io::Result<TempPostgres> {
+        let mut server = TempPostgres::start()?;
+        server.cluster.stop()?;
+        fs::write(server.cluster.data_dir().join("standby.signal"), "")?;
+        server.cluster.start_on_a_free_port()?;
+        Ok(server)
+    }
+
     /// Promotes a standby to a primary (`pg_ctl promote`) and waits until it accepts writes.
     /// It starts a new WAL timeline, one above the highest it knows.
     ///
