@@ -50,7 +50,8 @@ use crate::sql::table::OwnTable;
 /// table moved into a new cluster (dump and restore) repeats unreplicated tokens at its first
 /// failovers until its timeline passes the stored tokens'; restoring an old copy of the data
 /// directory without recovery takes tokens back. Durability against a machine crash rests on
-/// the server's `fsync`, as for any commit. See `docs/failure-model.md`.
+/// the server's `fsync`, as for any commit. The repository's failure model
+/// (`docs/failure-model.md`) has the limits.
 ///
 /// The name is used as given, quoted as an identifier (so it is case-sensitive and any
 /// character is allowed); `schema.table` names a table in a schema, and an unqualified name

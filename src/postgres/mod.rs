@@ -174,7 +174,8 @@ use crate::core::Core;
 /// session as `idle_session_timeout`, with TCP timeouts to match): a process that is frozen or
 /// cut off from the server loses its locks within that bound, and learns it
 /// ([`LossCause::Expired`](crate::LossCause::Expired)) before its work under the guard is polled
-/// again. `docs/failure-model.md` has the measured latencies and the limits.
+/// again. The repository's failure model (`docs/failure-model.md`) has the measured latencies
+/// and the limits.
 ///
 /// # Cancel safety
 ///
