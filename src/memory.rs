@@ -365,8 +365,15 @@ impl Backend for MemoryBackend {
 /// The defaults `docs/defaults.md` documents, as the code has them (see `defaults_table`).
 #[cfg(test)]
 pub(crate) fn documented_defaults() -> Vec<(&'static str, String)> {
-    vec![(
-        "cycle check",
-        format!("after {DEADLOCK_TIMEOUT:?} of waiting"),
-    )]
+    let budget = InMemoryLockManager::new().lock_budget();
+    vec![
+        (
+            "cycle check",
+            format!("after {DEADLOCK_TIMEOUT:?} of waiting"),
+        ),
+        (
+            "lock budget",
+            budget.map_or("none".to_owned(), |n| n.to_string()),
+        ),
+    ]
 }

@@ -567,6 +567,26 @@ pub(crate) fn documented_defaults() -> Vec<(&'static str, String)> {
         ),
         ("allow_standby", on_off(b.allow_standby).to_owned()),
         (
+            "idle_sessions",
+            match b.idle_sessions {
+                (usize::MAX, ttl) => format!("no count limit, {}", duration(ttl)),
+                (max, ttl) => format!("{max}, {}", duration(ttl)),
+            },
+        ),
+        ("fencing", on_off(b.fencing.is_some()).to_owned()),
+        ("holder_id", {
+            // `host:pid:random`, if that is what a generated id looks like.
+            let id = crate::identity::default_holder_id();
+            let parts: Vec<&str> = id.rsplitn(3, ':').collect();
+            let pid = std::process::id().to_string();
+            let shaped = parts.len() == 3 && parts[1] == pid && parts[0].len() == 16;
+            if shaped {
+                "host:pid:random".to_owned()
+            } else {
+                id
+            }
+        }),
+        (
             "lock session spread",
             format!("{} locks", super::sessions::SPREAD_AT),
         ),

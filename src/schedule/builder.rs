@@ -277,6 +277,18 @@ pub(crate) fn documented_defaults() -> Vec<(&'static str, String)> {
             or_else(long.max_hold == secs(300), "period", long.max_hold),
         ),
         (
+            "ScheduledJob max_total_hold",
+            or_else(
+                long.max_total_hold == long.max_hold && capped.max_total_hold == secs(2),
+                "max_hold",
+                long.max_total_hold,
+            ),
+        ),
+        (
+            "ScheduledJob offset",
+            or_else(long.offset.is_zero(), "0 s", long.offset),
+        ),
+        (
             "ScheduledJob period",
             format!("at least {}", duration(SHORTEST_PERIOD)),
         ),
