@@ -4,9 +4,9 @@
 #  1. `cargo publish --dry-run` of every published crate of the workspace, together: each is
 #     packaged and then built from its package alone, against the other crates' packages
 #     (not yet on the registry), as crates.io would get them.
-#  2. cargo-semver-checks of each published library that 0.2.0 had, against 0.2.0 built from
-#     git: a change that breaks its API needs a major version (for 0.x, the minor: 0.2 -> 0.3),
-#     a new API a minor one (for 0.x, the patch).
+#  2. cargo-semver-checks of each published library that the last release had, against that
+#     release built from git: a change that breaks its API needs a major version (for 0.x, the
+#     minor: 0.3 -> 0.4), a new API a minor one (for 0.x, the patch).
 #
 # Options:
 #   --allow-dirty  package a work tree with uncommitted changes (CI runs on a clean clone).
@@ -17,12 +17,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The last release, 0.2.0: the tree as CHANGELOG's 0.2.0 section describes it, the last commit
-# before the first change under [Unreleased] (the workspace had been at version 0.2.0 since
-# f66b43f; the crates split and 0.2.0's last additions came after it). After releasing
-# 0.3.0, pin the release's commit here.
-BASELINE_VERSION=0.2.0
-BASELINE_REV=5af08d7accfb9cd89a7e9e1594e34c54e2204a9d
+# The last release, 0.3.0: the tree CHANGELOG's 0.3.0 section describes, the last commit
+# before 0.3.1's fix (its later commits changed docs, tests and scripts, no API). After the
+# next release, pin that release's commit here.
+BASELINE_VERSION=0.3.0
+BASELINE_REV=5a28b3be25bb36c1b4e2f6faa537d87fa2d54d0e
 
 allow_dirty=()
 offline=false

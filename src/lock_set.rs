@@ -8,7 +8,6 @@
 //! original's key derivation).
 
 use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -23,32 +22,15 @@ use crate::{Error, LockGuard, LockInfo, LockKey, LockManager, LockMode, LossSign
 pub struct LockSet {
     guards: Vec<LockGuard>,
     loss: LossSignal,
-    /// Declares the set's loss when any guard's signal fires; stopped when the set goes.
-    watcher: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl LockSet {
     fn new(guards: Vec<LockGuard>) -> LockSet {
-        let loss = LossSignal::new();
-        let signals: Vec<LossSignal> = guards.iter().map(|g| g.loss_signal().clone()).collect();
         // A declared loss of any lock is the set's at that very moment (a lock that went
-        // while the others were being taken, at once); the watcher adds what is only seen
-        // when looked at, a silence past its expiry.
-        for signal in &signals {
-            signal.forward_to(&loss);
-        }
-        let set = loss.clone();
-        let watcher = (!signals.is_empty()).then(|| {
-            tokio::spawn(async move {
-                let lost = signals.iter().map(|s| Box::pin(s.lost()));
-                set.declare(first_of(lost.collect()).await);
-            })
-        });
-        LockSet {
-            guards,
-            loss,
-            watcher,
-        }
+        // while the others were being taken, at once), and a silence past any lock's expiry
+        // is the set's as soon as anyone looks: before every poll of the set's body.
+        let loss = LossSignal::any_of(guards.iter().map(|g| g.loss_signal().clone()).collect());
+        LockSet { guards, loss }
     }
 
     /// What each lock of the set was granted as, in the order they were taken.
@@ -118,14 +100,6 @@ impl LockSet {
     }
 }
 
-impl Drop for LockSet {
-    fn drop(&mut self) {
-        if let Some(watcher) = self.watcher.take() {
-            watcher.abort();
-        }
-    }
-}
-
 impl std::fmt::Debug for LockSet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockSet")
@@ -133,19 +107,6 @@ impl std::fmt::Debug for LockSet {
             .field("lost", &self.loss.is_lost())
             .finish()
     }
-}
-
-/// The output of the first of `futures` to complete.
-async fn first_of<F: Future + Unpin>(mut futures: Vec<F>) -> F::Output {
-    std::future::poll_fn(|cx| {
-        for future in &mut futures {
-            if let std::task::Poll::Ready(output) = Pin::new(future).poll(cx) {
-                return std::task::Poll::Ready(output);
-            }
-        }
-        std::task::Poll::Pending
-    })
-    .await
 }
 
 /// `keys` in the order every caller takes them: by lock id, then kind; each key once.

@@ -18,7 +18,10 @@ use common::clock::now_us;
 use common::proxy::Proxy;
 use common::{key, lock_rows, observer, pool_named};
 use pglock::fence::Error as FenceError;
-use pglock::{Error, FencingTable, LockManager, LossCause, PostgresLockManager, RowFence, lock_id};
+use pglock::{
+    Error, FencingTable, LockManager, LockManagerExt, LossCause, PostgresLockManager, RowFence,
+    lock_id,
+};
 use rustix::process::{Pid, Signal, kill_process};
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio::time::Instant;
@@ -536,4 +539,117 @@ async fn a_released_lock_is_never_reported_expired() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(signal.cause(), None);
     assert!(!signal.is_lost());
+}
+
+const SET_ROLE: &str = "pglock-frozen-set=";
+
+#[tokio::test]
+async fn a_frozen_set_holder_runs_no_body_once_its_silence_ran_out() {
+    if let Some(spec) = role(SET_ROLE) {
+        return frozen_set_holder(&spec).await;
+    }
+    // The set's body runs under two sessions (one key taken at once, one waited for): once
+    // either's silence has run out, no step of the body runs again, through `LockSet::run`
+    // or `with_locks` alike.
+    for way in ["run", "with_locks"] {
+        frozen_set(way).await;
+    }
+}
+
+async fn frozen_set(way: &str) {
+    let observer = observer().await;
+    let pool = pool_named(4, &common::app_name("frozen-set-rival")).await;
+    let fencing = fencing_table();
+    let (own, contended) = (key("frozen-set-own"), key("frozen-set-contended"));
+    let rival = silent_manager(pool.clone(), &fencing);
+    let blocker = rival.acquire(&contended, None).await.expect("acquire");
+    let (child, output) = Reaped::spawn(
+        "a_frozen_set_holder_runs_no_body_once_its_silence_ran_out",
+        SET_ROLE,
+        &format!("{way}|{own}|{contended}|{fencing}"),
+    );
+    common::eventually("the child waits on the server", || async {
+        lock_rows(&observer, lock_id(&contended)).await.len() == 2
+    })
+    .await;
+    blocker.release().await.expect("release");
+    output.until("ticking");
+    output.until("tick ");
+    let bounded = common::pg14_or_later(&pool).await;
+
+    let pid = Pid::from_child(&child.0);
+    kill_process(pid, Signal::STOP).expect("SIGSTOP the holder");
+    let stopped_at = Instant::now();
+    let taken = if bounded {
+        Some(taken_within_the_bound(&rival, &contended, stopped_at, "frozen set").await)
+    } else {
+        kept_past_the_bound(&rival, &[&own, &contended]).await;
+        None
+    };
+    let resumed_us = now_us();
+    kill_process(pid, Signal::CONT).expect("SIGCONT the holder");
+    let lines = output.all();
+    let ticks_after: Vec<&String> = lines
+        .iter()
+        .filter(|line| tick_time(line).is_some_and(|at| at >= resumed_us))
+        .collect();
+    assert!(
+        ticks_after.is_empty(),
+        "{way}: the set's body went on after the resume at {resumed_us}: {ticks_after:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|line| line.contains("set ended: lost expired")),
+        "{way}: {lines:?}"
+    );
+    if let Some(taken) = taken {
+        taken.release().await.expect("release");
+    }
+}
+
+/// The time in a child's `tick {us}` line.
+fn tick_time(line: &str) -> Option<u64> {
+    line.split("tick ")
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The child: holds `own` and `contended` as one set and ticks in its body, through
+/// `LockSet::run` or `with_locks`, until told its locks are gone.
+async fn frozen_set_holder(spec: &str) {
+    let [way, own, contended, fencing]: [&str; 4] = spec
+        .split('|')
+        .collect::<Vec<_>>()
+        .try_into()
+        .expect("spec");
+    let pool = pool_named(4, &common::app_name("frozen-set")).await;
+    let locks = silent_manager(pool, fencing);
+    let ticking = || async {
+        println!("ticking");
+        loop {
+            println!("tick {}", now_us());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let ended = if way == "run" {
+        let set = locks
+            .acquire_all([own, contended], None)
+            .await
+            .expect("acquire_all");
+        let ended = set.run(ticking()).await;
+        drop(set);
+        ended
+    } else {
+        locks
+            .with_locks([own, contended], None, |_| ticking())
+            .await
+    };
+    match ended {
+        Err(Error::LockLost { cause, .. }) => println!("set ended: lost {}", cause.as_str()),
+        other => println!("set ended: {other:?}"),
+    }
 }

@@ -123,11 +123,22 @@ impl fmt::Display for LossCause {
 #[derive(Clone, Default)]
 pub struct LossSignal {
     state: Arc<State>,
-    /// Set for a lock whose session the server ends after a silence: past its expiry the
-    /// signal counts as fired ([`LossCause::Expired`]) as soon as anyone looks at it, without
-    /// waiting for the manager's own tasks, which a frozen process runs only after the code
-    /// that looks.
-    expiry: Option<Arc<Liveness>>,
+    /// What makes the signal count as fired ([`LossCause::Expired`]) as soon as anyone looks
+    /// at it, without waiting for the manager's own tasks, which a frozen process runs only
+    /// after the code that looks.
+    expiry: Expiry,
+}
+
+/// When a signal's lock may be gone without anyone having said so yet.
+#[derive(Clone, Default)]
+enum Expiry {
+    /// Only when declared.
+    #[default]
+    Never,
+    /// Once the session holding the lock has been silent for longer than the server allows.
+    Session(Arc<Liveness>),
+    /// Once any of these has: a set's signal looks at each of its locks' own.
+    AnyOf(Arc<[LossSignal]>),
 }
 
 /// What every clone of a signal shares (one allocation).
@@ -184,8 +195,21 @@ impl LossSignal {
 
     /// The signal of a lock held on a session that `liveness` describes (`None`: no expiry).
     pub(crate) fn expiring(mut self, liveness: Option<Arc<Liveness>>) -> Self {
-        self.expiry = liveness;
+        self.expiry = liveness.map_or(Expiry::Never, Expiry::Session);
         self
+    }
+
+    /// A signal that fires, at that moment, whenever any of `signals` fires, and that counts
+    /// as fired as soon as any of theirs has run out when looked at: a set's, for its locks.
+    pub(crate) fn any_of(signals: Vec<LossSignal>) -> Self {
+        let any = LossSignal::new();
+        for signal in &signals {
+            signal.forward_to(&any);
+        }
+        LossSignal {
+            expiry: Expiry::AnyOf(signals.into()),
+            ..any
+        }
     }
 
     /// The acquisition ended quietly (released by its guard, or handed on): the signal will not
@@ -199,12 +223,15 @@ impl LossSignal {
         if self.state.settled.load(Ordering::Acquire) {
             return;
         }
-        if self
-            .expiry
-            .as_ref()
-            .is_some_and(|liveness| liveness.expired())
-        {
-            self.declare(LossCause::Expired);
+        match &self.expiry {
+            Expiry::Never => {}
+            Expiry::Session(liveness) => {
+                if liveness.expired() {
+                    self.declare(LossCause::Expired);
+                }
+            }
+            // Each fires this one as it fires (`forward_to`).
+            Expiry::AnyOf(signals) => signals.iter().for_each(LossSignal::check_expiry),
         }
     }
 

@@ -169,6 +169,7 @@ macro_rules! __conformance_case_names {
             a_cancelled_set_acquisition_leaks_nothing,
             a_set_is_told_when_any_of_its_locks_goes,
             with_locks_runs_under_every_key,
+            a_set_release_reports_a_lock_it_could_not_release,
         );
     };
 }

@@ -171,3 +171,25 @@ pub async fn with_locks_runs_under_every_key(manager: &Manager) {
     assert!(!holds_any(manager, &keys).await);
     assert_eq!(manager.held_lock_count(), 0);
 }
+
+/// A set's release reports a lock of the set that could not be released as its guard would
+/// (here one released through the manager meanwhile: [`Error::LockLost`] naming it), and
+/// still lets every other lock of the set go.
+pub async fn a_set_release_reports_a_lock_it_could_not_release(manager: &Manager) {
+    let keys = three("set-release");
+    let set = manager
+        .acquire_all(&keys, Some(EVENTUALLY))
+        .await
+        .expect("acquire_all");
+    manager.release(&keys[1]).await.expect("release by key");
+    let released = set.release().await;
+    match &released {
+        Err(Error::LockLost { key, cause }) => {
+            assert_eq!(key.to_string(), keys[1], "the lock that went is named");
+            assert_eq!(*cause, LossCause::Released);
+        }
+        other => panic!("the set's release must report the lock that went: {other:?}"),
+    }
+    assert!(!holds_any(manager, &keys).await, "the other locks went too");
+    assert_eq!(manager.held_lock_count(), 0);
+}
