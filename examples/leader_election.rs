@@ -73,7 +73,7 @@ async fn main() -> Result<(), BoxError> {
         let election = Arc::new(
             LeaderElection::builder(Arc::new(locks), &name)
                 .retry_interval(RETRY)
-                .start(),
+                .build()?,
         );
         clock.say(&format!(
             "{label} campaigns for {} as {}",
@@ -178,7 +178,7 @@ async fn lead_when_elected(
 ) -> Result<(), Error> {
     loop {
         let job = |info| write_batches(&label, &db, run, info, clock);
-        match election.run_as_leader(job).await {
+        match election.run_as_leader(None, job).await {
             Ok(never) => match never {},
             Err(Error::Lock(pglock::Error::LockLost { cause, .. })) => {
                 clock.say(&format!("{label}: lock lost ({cause}); job cancelled"));

@@ -47,7 +47,7 @@ async fn main() -> Result<(), BoxError> {
                 .build(),
         );
         // Every replica names the same semaphore with the same number of permits.
-        let exports = Semaphore::new(locks, name.as_str(), PERMITS)?;
+        let exports = Semaphore::builder(locks, name.as_str(), PERMITS).build()?;
         for job in 1..=JOBS_PER_REPLICA {
             let (exports, running, most) = (exports.clone(), running.clone(), most.clone());
             jobs.spawn(async move {

@@ -1,15 +1,19 @@
 //! What a try hands back.
 
-use crate::{LockGuard, LockInfo};
+use crate::{LockGuard, LockHandle};
 
-/// The outcome of [`try_acquire`](crate::LockManagerExt::try_acquire) and
-/// [`try_acquire_shared`](crate::LockManagerExt::try_acquire_shared): the lock's guard, or
-/// `Busy`.
+/// The outcome of every try that can hand back a held lock: the lock's handle, or `Busy`.
 ///
-/// Take the guard with a pattern; the lock is released when the guard is, as always:
+/// | try | hands back |
+/// | --- | --- |
+/// | [`try_acquire`](crate::LockManagerExt::try_acquire), [`try_acquire_shared`](crate::LockManagerExt::try_acquire_shared) | `Attempt<LockGuard>` (the default) |
+/// | [`try_acquire_all`](crate::LockManagerExt::try_acquire_all), [`try_acquire_all_shared`](crate::LockManagerExt::try_acquire_all_shared) | `Attempt<LockSet>` |
+/// | [`Semaphore::try_acquire`](crate::semaphore::Semaphore::try_acquire) | `Attempt<Permit>` |
+///
+/// Take the handle with a pattern; the lock is released when the handle is, as always:
 ///
 /// ```
-/// use pglock::{Attempt, InMemoryLockManager, LockManagerExt};
+/// use pglock::{Attempt, InMemoryLockManager};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
 /// let locks = InMemoryLockManager::new();
@@ -26,10 +30,10 @@ use crate::{LockGuard, LockInfo};
 /// Code ported from the Python original tries, works, then releases *the key*. Written against
 /// an `Option<LockGuard>`, `if locks.try_acquire(key).await?.is_some()` compiles, drops the
 /// guard at the end of the condition, and so works without the lock and fails to release it.
-/// An `Attempt` has no `is_some`, so that port does not compile:
+/// An `Attempt` has no `is_some`, so that port does not compile, whatever it tried:
 ///
 /// ```compile_fail,E0599
-/// # use pglock::{InMemoryLockManager, LockManagerExt};
+/// # use pglock::InMemoryLockManager;
 /// # async fn port(locks: InMemoryLockManager) -> pglock::Result<()> {
 /// if locks.try_acquire("leader:jobs").await?.is_some() {
 ///     // ... lead ...
@@ -42,7 +46,7 @@ use crate::{LockGuard, LockInfo};
 /// [`leak`](Attempt::leak):
 ///
 /// ```
-/// # use pglock::{InMemoryLockManager, LockManagerExt};
+/// # use pglock::InMemoryLockManager;
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
 /// # let locks = InMemoryLockManager::new();
 /// if let Some(term) = locks.try_acquire("leader:jobs").await?.leak() {
@@ -52,45 +56,63 @@ use crate::{LockGuard, LockInfo};
 /// }
 /// # Ok(()) }
 /// ```
-#[must_use = "an acquired lock is released as soon as the `Attempt` is dropped: take its guard with `if let Attempt::Acquired(guard) = ..`, or keep the lock until `release(key)` with `.leak()`"]
+#[must_use = "an acquired lock is released as soon as the `Attempt` is dropped: take its handle with `if let Attempt::Acquired(handle) = ..`, or keep the lock until `release(key)` with `.leak()`"]
 #[derive(Debug)]
-pub enum Attempt {
-    /// The lock was free and is now held, by this guard.
-    Acquired(LockGuard),
+#[non_exhaustive]
+pub enum Attempt<H = LockGuard> {
+    /// The lock was free and is now held, by this handle.
+    Acquired(H),
     /// Someone holds the lock in a conflicting mode (this manager included); nothing was taken.
     Busy,
 }
 
-impl Attempt {
-    /// The guard, if the lock was acquired.
+impl<H> Attempt<H> {
+    /// The handle, if the lock was acquired.
     ///
-    /// The guard is dropped, and the lock released, wherever the `Option` is: bind it
-    /// (`if let Some(guard) = attempt.into_guard()`); `attempt.into_guard().is_some()` releases
-    /// at once.
-    pub fn into_guard(self) -> Option<LockGuard> {
+    /// The handle is dropped, and the lock released, wherever the `Option` is: bind it
+    /// (`if let Some(guard) = attempt.into_handle()`); `attempt.into_handle().is_some()`
+    /// releases at once.
+    pub fn into_handle(self) -> Option<H> {
         match self {
-            Attempt::Acquired(guard) => Some(guard),
+            Attempt::Acquired(handle) => Some(handle),
             Attempt::Busy => None,
         }
     }
 
-    /// Keeps an acquired lock held without a guard, in the manager's registry, until
+    /// The attempt with its handle, if any, turned into another by `f`: for a manager that
+    /// wraps another one's guards.
+    pub fn map<U>(self, f: impl FnOnce(H) -> U) -> Attempt<U> {
+        match self {
+            Attempt::Acquired(handle) => Attempt::Acquired(f(handle)),
+            Attempt::Busy => Attempt::Busy,
+        }
+    }
+
+    /// The old name of [`into_handle`](Self::into_handle).
+    #[deprecated(since = "0.4.0", note = "renamed `into_handle`")]
+    pub fn into_guard(self) -> Option<H> {
+        self.into_handle()
+    }
+}
+
+impl<H: LockHandle> Attempt<H> {
+    /// Keeps an acquired lock held without its handle, in the manager's registry, until
     /// [`release`](crate::LockManagerExt::release) or
-    /// [`release_all`](crate::LockManager::release_all) names it (as
-    /// [`LockGuard::leak`]), and returns its [`LockInfo`]; `None` when the lock was busy.
-    pub fn leak(self) -> Option<LockInfo> {
-        self.into_guard().map(LockGuard::leak)
+    /// [`release_all`](crate::LockManager::release_all) names it (see
+    /// [`LockHandle::leak`]), and returns what was granted; `None` when the lock was busy.
+    pub fn leak(self) -> Option<<H::Info as ToOwned>::Owned> {
+        self.into_handle().map(LockHandle::leak)
     }
 }
 
-impl From<Option<LockGuard>> for Attempt {
-    fn from(guard: Option<LockGuard>) -> Self {
-        guard.map_or(Attempt::Busy, Attempt::Acquired)
+impl<H> From<Option<H>> for Attempt<H> {
+    fn from(handle: Option<H>) -> Self {
+        handle.map_or(Attempt::Busy, Attempt::Acquired)
     }
 }
 
-impl From<Attempt> for Option<LockGuard> {
-    fn from(attempt: Attempt) -> Self {
-        attempt.into_guard()
+impl<H> From<Attempt<H>> for Option<H> {
+    fn from(attempt: Attempt<H>) -> Self {
+        attempt.into_handle()
     }
 }

@@ -324,6 +324,49 @@ impl Error {
     }
 }
 
+/// What every recipe's error whose `Lock` variant carries the lock's [`Error`] has, the same
+/// on each ([`leader::Error`](crate::leader::Error),
+/// [`schedule::Error`](crate::schedule::Error)): the lock's error when it is one, the two
+/// questions a caller asks of it, and a fallible conversion for code that mixes them with
+/// lock calls.
+macro_rules! lock_error_conversions {
+    ($error:ident) => {
+        impl $error {
+            /// The lock's error, when the lock is what failed.
+            pub fn lock_error(&self) -> Option<&$crate::Error> {
+                match self {
+                    $error::Lock(err) => Some(err),
+                    _ => None,
+                }
+            }
+
+            /// True when the lock went while it was held ([`crate::Error::is_lost`]).
+            pub fn is_lost(&self) -> bool {
+                self.lock_error().is_some_and($crate::Error::is_lost)
+            }
+
+            /// True when the caller's deadline passed first ([`crate::Error::is_timeout`]).
+            pub fn is_timeout(&self) -> bool {
+                self.lock_error().is_some_and($crate::Error::is_timeout)
+            }
+        }
+
+        /// The lock's error, for code whose own error is [`crate::Error`]; any other failure
+        /// is handed back.
+        impl TryFrom<$error> for $crate::Error {
+            type Error = $error;
+
+            fn try_from(err: $error) -> std::result::Result<Self, $error> {
+                match err {
+                    $error::Lock(err) => Ok(err),
+                    other => Err(other),
+                }
+            }
+        }
+    };
+}
+pub(crate) use lock_error_conversions;
+
 /// Why a release could not be confirmed; the `reason` of [`Error::ReleaseFailed`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

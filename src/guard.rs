@@ -4,11 +4,11 @@ use std::fmt;
 use std::future::Future;
 
 use crate::exit::{Exit, GuardBackend};
-use crate::{Error, LockInfo, LossCause, LossSignal, Result};
+use crate::{Error, LockHandle, LockInfo, LossCause, LossSignal, Result};
 
-/// Proof that a lock is held, handed back by every acquisition
+/// Proof that a lock is held, handed back by every acquisition of one key
 /// ([`acquire`](crate::LockManagerExt::acquire), [`try_acquire`](crate::LockManagerExt::try_acquire)
-/// and their shared-mode variants).
+/// and their shared-mode variants): the [`LockHandle`] of one lock.
 ///
 /// A guard has three exits:
 ///
@@ -179,6 +179,35 @@ impl LockGuard {
             exit.leak();
         }
         self.info.clone()
+    }
+}
+
+impl crate::handle::sealed::Sealed for LockGuard {}
+
+impl LockHandle for LockGuard {
+    type Info = LockInfo;
+
+    fn info(&self) -> &LockInfo {
+        LockGuard::info(self)
+    }
+
+    fn loss_signal(&self) -> &LossSignal {
+        LockGuard::loss_signal(self)
+    }
+
+    fn run<F>(&self, body: F) -> impl Future<Output = Result<F::Output>> + Send
+    where
+        F: Future + Send,
+    {
+        LockGuard::run(self, body)
+    }
+
+    fn release(self) -> impl Future<Output = Result<()>> + Send {
+        LockGuard::release(self)
+    }
+
+    fn leak(self) -> LockInfo {
+        LockGuard::leak(self)
     }
 }
 

@@ -40,6 +40,7 @@ pub struct LockInfo {
 /// arrival order whatever their mode: a shared request that arrives after a waiting exclusive
 /// one waits behind it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum LockMode {
     /// One holder at a time.
     #[default]

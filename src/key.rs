@@ -155,6 +155,7 @@ impl std::hash::Hash for LockKey {
 /// The PostgreSQL advisory lock a [`LockKey`] stands for: one of the two key spaces of
 /// PostgreSQL's advisory-lock functions, which never overlap.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum LockTarget {
     /// `pg_advisory_lock(bigint)`: `pg_locks` shows the high half as `classid`, the low half as
     /// `objid`, and `objsubid = 1`.

@@ -13,7 +13,8 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{Instrument, Span, field::Empty};
 
 use crate::sync::{First, first};
-use crate::telemetry::instruments::{LeaderMetrics, MeterChoice};
+use crate::telemetry::Telemetry;
+use crate::telemetry::instruments::LeaderMetrics;
 use crate::telemetry::{self, leader as names};
 use crate::{
     Attempt, LockGuard, LockInfo, LockKey, LockManager, LockManagerExt, LossCause, LossSignal,
@@ -39,15 +40,20 @@ pub enum Error {
         /// The election's lock key, `leader:{name}`.
         key: LockKey,
     },
+
+    /// [`build`](LeaderElectionBuilder::build) was called outside a Tokio runtime, where the
+    /// campaign cannot be spawned. Build the election inside the runtime that will run it.
+    #[error("Leader election on '{key}' must be built within a Tokio runtime")]
+    NoRuntime {
+        /// The election's lock key, `leader:{name}`.
+        key: LockKey,
+    },
 }
 
-impl Error {
-    /// True when the term ended under the work because the lock went (lost, or released
-    /// through the manager): the candidate campaigns again.
-    pub fn is_lost(&self) -> bool {
-        matches!(self, Error::Lock(err) if err.is_lost())
-    }
-}
+// `is_lost`: the term ended under the work because the lock went (lost, or released through
+// the manager), and the candidate campaigns again. `is_timeout`: the caller's deadline passed
+// before the candidate led.
+crate::error::lock_error_conversions!(Error);
 
 /// Where a candidate stands, as published by [`LeaderElection::subscribe`].
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -82,7 +88,7 @@ impl Leadership {
 ///
 /// Each candidate is one `LeaderElection`, best on a lock manager of its own: a manager is one
 /// holder, so its holder id then names the candidate (two candidates on one manager still
-/// exclude each other, but show the same identity). [`start`](LeaderElectionBuilder::start)
+/// exclude each other, but show the same identity). [`build`](LeaderElectionBuilder::build)
 /// spawns a *campaign*: it tries the lock `leader:{name}` once, without waiting, and again
 /// every [`retry_interval`](LeaderElectionBuilder::retry_interval) plus a random
 /// [`jitter`](LeaderElectionBuilder::jitter) until it gets it. It then leads, holding that one
@@ -125,20 +131,20 @@ impl Leadership {
 ///     let locks = InMemoryLockManager::builder().server(&server).holder_id(id).build();
 ///     LeaderElection::builder(Arc::new(locks), "billing")
 ///         .retry_interval(Duration::from_millis(100))
-///         .start()
+///         .build()
 /// };
-/// let (a, b) = (candidate("a"), candidate("b"));
+/// let (a, b) = (candidate("a")?, candidate("b")?);
 ///
-/// let leader = a.wait_for_leadership().await?;
+/// let leader = a.wait_for_leadership(None).await?;
 /// assert_eq!(&*leader.holder_id, "a");
 /// assert!(!b.is_leader());
 ///
 /// // Leader-only work gets the term's lock info, fencing token included.
-/// let token = a.run_as_leader(|info| async move { info.fencing_token }).await?;
+/// let token = a.run_as_leader(None, |info| async move { info.fencing_token }).await?;
 /// assert_eq!(token, Some(1));
 ///
 /// assert!(a.resign().await?);
-/// let next = b.wait_for_leadership().await?;
+/// let next = b.wait_for_leadership(Some(Duration::from_secs(5))).await?;
 /// assert_eq!((&*next.holder_id, next.fencing_token), ("b", Some(2)));
 /// # Ok(()) }
 /// ```
@@ -155,19 +161,15 @@ pub struct LeaderElection {
 }
 
 impl LeaderElection {
-    /// Configures a candidate for the leadership called `name`, campaigning through `manager`
+    /// Configures a candidate for the leadership called `name`, campaigning through `locks`
     /// for the lock `leader:{name}`.
-    pub fn builder(
-        manager: Arc<dyn LockManager>,
-        name: impl Into<String>,
-    ) -> LeaderElectionBuilder {
+    pub fn builder(locks: Arc<dyn LockManager>, name: impl Into<String>) -> LeaderElectionBuilder {
         LeaderElectionBuilder {
-            manager,
+            manager: locks,
             name: name.into(),
             retry_interval: Duration::from_secs(1),
             jitter: 0.1,
-            tracing: true,
-            meter: MeterChoice::default(),
+            telemetry: Telemetry::default(),
         }
     }
 
@@ -202,23 +204,27 @@ impl LeaderElection {
         self.leadership.borrow().info().cloned()
     }
 
-    /// Waits until this candidate leads and returns the term's [`LockInfo`]; at once if it
+    /// Waits, at most `timeout` (`None`: as long as it takes; `Some(Duration::ZERO)`: one
+    /// look), until this candidate leads, and returns the term's [`LockInfo`]; at once if it
     /// leads already.
     ///
     /// # Errors
     ///
-    /// [`Error::Stopped`] once the campaign has stopped ([`resign`](LeaderElection::resign)).
+    /// [`Error::Lock`] with [`crate::Error::Timeout`] (naming the election's key) when the
+    /// deadline passed first ([`Error::is_timeout`]); [`Error::Stopped`] once the campaign has
+    /// stopped ([`resign`](LeaderElection::resign)).
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: it only waits.
-    pub async fn wait_for_leadership(&self) -> Result<LockInfo> {
-        let (term, _lease) = self.enter_term().await?;
+    pub async fn wait_for_leadership(&self, timeout: Option<Duration>) -> Result<LockInfo> {
+        let (term, _lease) = self.enter_term(timeout).await?;
         Ok(term.info.clone())
     }
 
-    /// Waits until this candidate leads, then runs `work` as its leader, and cancels it if the
-    /// leadership ends first.
+    /// Waits, at most `timeout`, until this candidate leads (as
+    /// [`wait_for_leadership`](Self::wait_for_leadership)), then runs `work` as its leader, and
+    /// cancels it if the leadership ends first. The deadline bounds the wait, not the work.
     ///
     /// `work` receives the term's [`LockInfo`] (identity and fencing token). If the term ends
     /// before `work` finishes, `work`'s future is dropped at its next await point and the call
@@ -235,6 +241,8 @@ impl LeaderElection {
     ///
     /// # Errors
     ///
+    /// * [`Error::Lock`] with [`crate::Error::Timeout`] when the deadline passed before the
+    ///   candidate led ([`Error::is_timeout`]; `work` did not run);
     /// * [`Error::Lock`] with [`crate::Error::LockLost`] when the lock went while `work` ran
     ///   (lost, or released through the manager; [`Error::is_lost`]);
     /// * [`Error::Stopped`] when the campaign stopped before or while `work` ran.
@@ -260,13 +268,13 @@ impl LeaderElection {
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::leader::Result<()> {
     /// let election = Arc::new(
-    ///     LeaderElection::builder(Arc::new(InMemoryLockManager::new()), "projections").start(),
+    ///     LeaderElection::builder(Arc::new(InMemoryLockManager::new()), "projections").build()?,
     /// );
     /// let replica = tokio::spawn({
     ///     let election = Arc::clone(&election);
     ///     async move {
     ///         loop {
-    ///             match election.run_as_leader(rebuild_projections).await {
+    ///             match election.run_as_leader(None, rebuild_projections).await {
     ///                 // Done, and still the leader.
     ///                 Ok(()) => {}
     ///                 // Deposed, and campaigning again.
@@ -279,17 +287,54 @@ impl LeaderElection {
     ///         Ok(())
     ///     }
     /// });
-    /// election.wait_for_leadership().await?;
+    /// election.wait_for_leadership(None).await?;
     /// assert!(election.resign().await?); // cancels the job, then releases the lock
     /// replica.await.expect("the replica's task")?;
     /// # Ok(()) }
     /// ```
-    pub async fn run_as_leader<F, Fut, T>(&self, work: F) -> Result<T>
+    pub async fn run_as_leader<F, Fut, T>(&self, timeout: Option<Duration>, work: F) -> Result<T>
     where
         F: FnOnce(LockInfo) -> Fut,
         Fut: Future<Output = T>,
     {
-        let (term, _lease) = self.enter_term().await?;
+        let (term, lease) = self.enter_term(timeout).await?;
+        Self::lead_with(term, lease, work).await
+    }
+
+    /// Runs `work` as leader if this candidate leads right now, as
+    /// [`run_as_leader`](Self::run_as_leader) does; `Ok(None)` without running it when it does
+    /// not: "if I lead, do this", for a tick every replica has but only the leader should act
+    /// on.
+    ///
+    /// # Errors
+    ///
+    /// As [`run_as_leader`](Self::run_as_leader), except that not leading is `Ok(None)`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`run_as_leader`](Self::run_as_leader).
+    pub async fn try_run_as_leader<F, Fut, T>(&self, work: F) -> Result<Option<T>>
+    where
+        F: FnOnce(LockInfo) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        match self.enter_term(Some(Duration::ZERO)).await {
+            Ok((term, lease)) => Self::lead_with(term, lease, work).await.map(Some),
+            Err(err) if err.is_timeout() => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Runs `work` in `term`, under the lease a graceful end waits for.
+    async fn lead_with<F, Fut, T>(
+        term: Arc<Term>,
+        _lease: OwnedRwLockReadGuard<()>,
+        work: F,
+    ) -> Result<T>
+    where
+        F: FnOnce(LockInfo) -> Fut,
+        Fut: Future<Output = T>,
+    {
         let info = term.info.clone();
         // The term's lock is held by the campaign: its work is a critical section of that
         // lock, run until the lock goes or the campaign ends the term.
@@ -297,7 +342,7 @@ impl LeaderElection {
         let work = crate::scope::inside(holder, key, mode, work(info));
         match first(term.ended.cancelled(), term.loss.run_until_lost(work)).await {
             First::Right(Ok(value)) => Ok(value),
-            First::Left(()) | First::Right(Err(_)) => Err(term.error(&self.key)),
+            First::Left(()) | First::Right(Err(_)) => Err(term.error(&term.info.key)),
         }
     }
 
@@ -336,8 +381,32 @@ impl LeaderElection {
         }
     }
 
+    /// The current term, once there is one (within `timeout`), with a lease that a graceful
+    /// end waits for.
+    async fn enter_term(
+        &self,
+        timeout: Option<Duration>,
+    ) -> Result<(Arc<Term>, OwnedRwLockReadGuard<()>)> {
+        let Some(timeout) = timeout else {
+            return self.next_term().await;
+        };
+        let deadline = Instant::now().checked_add(timeout);
+        let entered = match deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline, self.next_term()).await,
+            None => Ok(self.next_term().await),
+        };
+        // A zero timeout still takes a term that is current right now: the first poll of
+        // `next_term` finds it before the timer is looked at.
+        entered.unwrap_or_else(|_| {
+            Err(Error::Lock(crate::Error::Timeout {
+                key: self.key.clone(),
+                timeout,
+            }))
+        })
+    }
+
     /// The current term, once there is one, with a lease that a graceful end waits for.
-    async fn enter_term(&self) -> Result<(Arc<Term>, OwnedRwLockReadGuard<()>)> {
+    async fn next_term(&self) -> Result<(Arc<Term>, OwnedRwLockReadGuard<()>)> {
         let mut terms = self.terms.clone();
         loop {
             let term = terms
@@ -374,8 +443,7 @@ pub struct LeaderElectionBuilder {
     name: String,
     retry_interval: Duration,
     jitter: f64,
-    tracing: bool,
-    meter: MeterChoice,
+    telemetry: Telemetry,
 }
 
 impl LeaderElectionBuilder {
@@ -400,61 +468,38 @@ impl LeaderElectionBuilder {
         self
     }
 
-    /// Whether to emit the election's spans and events ([`crate::telemetry::leader`]).
-    /// Default: on.
-    pub fn tracing(mut self, enabled: bool) -> Self {
-        self.tracing = enabled;
-        self
-    }
-
-    /// Records the election's [metrics](crate::telemetry::metrics#leadership) through `meter`.
-    /// Default: `opentelemetry::global::meter("pglock")`.
-    #[cfg(feature = "metrics")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-    pub fn meter(mut self, meter: opentelemetry::metrics::Meter) -> Self {
-        self.meter.meter = Some(meter);
-        self
-    }
-
-    /// Puts the candidate's holder id on the election's metric series, as the lock managers'
-    /// `metrics_holder_id` does: only for few and stable holder ids (see
-    /// [`telemetry::metrics`](crate::telemetry::metrics#cardinality)). Default: off.
-    #[cfg(feature = "metrics")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-    pub fn metrics_holder_id(mut self, enabled: bool) -> Self {
-        self.meter.holder_id = enabled;
-        self
-    }
+    crate::telemetry::telemetry_setters!(telemetry);
 
     /// Spawns the campaign on the current Tokio runtime and returns its handle. The first
     /// attempt is made at once.
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// When called outside a Tokio runtime.
-    pub fn start(self) -> LeaderElection {
+    /// [`Error::NoRuntime`] outside a Tokio runtime.
+    pub fn build(self) -> Result<LeaderElection> {
         let key = LockKey::name(format!("leader:{}", self.name));
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Err(Error::NoRuntime { key });
+        };
         let (leadership, leadership_rx) = watch::channel(Leadership::Follower);
         let (terms, terms_rx) = watch::channel(None);
         let stop = CancellationToken::new();
         let resigned = Arc::new(AtomicBool::new(false));
         let holder_id = self.manager.holder_id();
         let campaign = Campaign {
-            metrics: LeaderMetrics::build(self.meter, &self.name, holder_id),
+            metrics: LeaderMetrics::build(self.telemetry.meter, &self.name, holder_id),
             key: key.clone(),
             manager: Arc::clone(&self.manager),
             retry: self.retry_interval,
             jitter: self.jitter,
-            tracing: self.tracing,
+            tracing: self.telemetry.tracing,
             stop: stop.clone(),
             resigned: Arc::clone(&resigned),
             leadership,
             terms,
         };
-        let task = tokio::runtime::Handle::try_current()
-            .expect("LeaderElectionBuilder::start must be called within a Tokio runtime")
-            .spawn(campaign.run());
-        LeaderElection {
+        let task = runtime.spawn(campaign.run());
+        Ok(LeaderElection {
             key,
             manager: self.manager,
             leadership: leadership_rx,
@@ -463,7 +508,22 @@ impl LeaderElectionBuilder {
             stop,
             resigned,
             campaign: Mutex::new(Some(task)),
-        }
+        })
+    }
+
+    /// The old form of [`build`](Self::build), which panics where `build` answers
+    /// [`Error::NoRuntime`].
+    ///
+    /// # Panics
+    ///
+    /// When called outside a Tokio runtime.
+    #[deprecated(
+        since = "0.4.0",
+        note = "use `build()?`, which answers `Error::NoRuntime` outside a runtime"
+    )]
+    pub fn start(self) -> LeaderElection {
+        self.build()
+            .expect("LeaderElectionBuilder::start must be called within a Tokio runtime")
     }
 }
 
@@ -473,7 +533,7 @@ impl fmt::Debug for LeaderElectionBuilder {
             .field("name", &self.name)
             .field("retry_interval", &self.retry_interval)
             .field("jitter", &self.jitter)
-            .field("tracing", &self.tracing)
+            .field("tracing", &self.telemetry.tracing)
             .finish_non_exhaustive()
     }
 }

@@ -9,11 +9,11 @@
 //! | item | what it is |
 //! | --- | --- |
 //! | [`LockManager`] | The port: the contract every lock manager fulfils, for implementors; services hold an `Arc<dyn LockManager>`. |
-//! | [`LockManagerExt`] | The caller's API on every manager, for any kind of key: [`with_lock`](LockManagerExt::with_lock) and [`try_with_lock`](LockManagerExt::try_with_lock) (a closure under the lock), [`acquire`](LockManagerExt::acquire) and [`try_acquire`](LockManagerExt::try_acquire) (a guard), [`release`](LockManagerExt::release), [`is_held`](LockManagerExt::is_held), several keys at once ([`with_locks`](LockManagerExt::with_locks), [`acquire_all`](LockManagerExt::acquire_all)), and the shared-mode variants. |
-//! | [`PostgresLockManager`] | Session advisory locks on a few long-lived connections of your [`sqlx::PgPool`], each carrying any number of locks, within a budget. |
+//! | [`LockManagerExt`] | The caller's API on every manager, for any kind of key: wait ([`acquire`](LockManagerExt::acquire)), try ([`try_acquire`](LockManagerExt::try_acquire)), run a closure under the lock ([`with_lock`](LockManagerExt::with_lock), [`try_with_lock`](LockManagerExt::try_with_lock)), for one key or several ([`acquire_all`](LockManagerExt::acquire_all) and kin), in either mode; [`release`](LockManagerExt::release), [`is_held`](LockManagerExt::is_held). |
+//! | [`PostgresLockManager`] | Session advisory locks on a few long-lived connections of your [`sqlx::PgPool`], each carrying any number of locks, within a budget. It has the whole caller API inherently: no import needed. |
 //! | [`InMemoryLockManager`] | The same contract inside one process, for your unit tests. |
-//! | [`LockGuard`] | Proof that a lock is held, handed back by every acquisition: [`run`](LockGuard::run) a critical section under it, [`release`](LockGuard::release) it, drop it, or [`leak`](LockGuard::leak) it into the manager; its [`loss_signal`](LockGuard::loss_signal) says when the lock goes. |
-//! | [`LockSet`] | The locks of several keys taken together, all or nothing, in one order every caller uses: released together, told when any goes. |
+//! | [`LockHandle`] | The one shape of everything an acquisition hands back: [`LockGuard`] (one lock), [`LockSet`] (several, all or nothing) and [`Permit`](semaphore::Permit) (a semaphore's slot): `info`, `loss_signal`, `run`, `release`, `leak`, and a drop that releases in the background. |
+//! | [`Attempt`] | What every try that can hand back a lock answers: the handle, or `Busy`; never an `Option`, whose `.is_some()` would drop the lock at once. |
 //! | [`LockKey`], [`lock_id`] | Keys: names (the frozen derivation, bit for bit the Python original's), raw ids, id pairs, sqlx's names. |
 //! | [`LockInfo`], [`LockMode`] | What was acquired: key, lock id, time, holder id, fencing token, mode. |
 //! | [`HeldLock`] | A lock a manager holds right now, with how long it has held it: what [`held_locks`](LockManager::held_locks) lists. |
@@ -27,6 +27,16 @@
 //! | [`inspect`] | Who holds and who waits for each advisory lock, read from `pg_locks` and `pg_stat_activity`. |
 //! | [`telemetry`] | Span, field and metric names. |
 //!
+//! # One shape for every primitive
+//!
+//! A lock, a shared lock, a lock set, a semaphore permit, a transaction lock, leadership and a
+//! scheduled run each take, try, scope, release and fail the same way: the same
+//! `Option<Duration>` deadline (`None` waits as long as it takes, `Some(Duration::ZERO)` makes
+//! one attempt), an [`Attempt`] from every try that can hand back a lock, a [`LockHandle`] for
+//! what is held, and `# Cancel safety` on every async method. The table of every primitive by
+//! verb, with what is absent on purpose and why, is the guide's "One shape for every
+//! primitive" page (`docs/guide/primitives.md` in the source repository).
+//!
 //! # Example
 //!
 //! Build one manager per process and share it; `with_lock` waits for the lock, runs the body
@@ -39,6 +49,7 @@
 //!
 //! # async fn run() -> pglock::Result<()> {
 //! let pool = sqlx::PgPool::connect("postgres://localhost/app").await.expect("connect");
+//! // Shared as the port; `LockManagerExt` gives it the caller's API.
 //! let locks: Arc<dyn LockManager> = Arc::new(PostgresLockManager::new(pool));
 //!
 //! // Wait at most two seconds, in PostgreSQL's queue, for the lock.
@@ -62,7 +73,7 @@
 //!
 //! | feature | default | enables |
 //! | --- | --- | --- |
-//! | `metrics` | no | OpenTelemetry metrics of the managers, leader elections and scheduled jobs (see [`telemetry::metrics`]); their builders gain a `meter` method, the managers' and the election's a `metrics_holder_id` method. |
+//! | `metrics` | no | OpenTelemetry metrics of the managers, leader elections, scheduled jobs and semaphores (see [`telemetry::metrics`]); every builder gains `meter`, `metrics` and `metrics_holder_id`. |
 //! | `test-hooks` | no | `pglock::hooks`: seams for cancellation tests, naming a lock operation's await points. `pglock-testing` turns it on; not for production code. |
 //!
 //! # The crates beside this one
@@ -106,6 +117,7 @@ mod exit;
 mod ext;
 pub mod fence;
 mod guard;
+mod handle;
 #[cfg(feature = "test-hooks")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-hooks")))]
 pub mod hooks;
@@ -124,12 +136,15 @@ mod manager;
 mod managers;
 mod memory;
 mod postgres;
+#[cfg(test)]
+mod primitives_table;
 pub mod schedule;
 mod scope;
 pub mod semaphore;
 mod sql;
 mod sync;
 pub mod telemetry;
+mod verbs;
 mod wait;
 mod xact;
 
@@ -139,6 +154,7 @@ pub use crate::exit::GuardBackend;
 pub use crate::ext::LockManagerExt;
 pub use crate::fence::RowFence;
 pub use crate::guard::LockGuard;
+pub use crate::handle::LockHandle;
 pub use crate::info::{HeldLock, LockInfo, LockMode};
 pub use crate::key::{LockKey, LockTarget, lock_id, migration_lock_key, split_lock_id};
 pub use crate::leader::{LeaderElection, Leadership};
@@ -155,7 +171,8 @@ pub use crate::xact::TransactionLock;
 /// The traits and types most code needs: `use pglock::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        Attempt, LockGuard, LockInfo, LockKey, LockManager, LockManagerExt, LossCause,
+        Attempt, LockGuard, LockHandle, LockInfo, LockKey, LockManager, LockManagerExt, LockSet,
+        LossCause,
     };
 }
 
@@ -175,6 +192,10 @@ struct GuideGettingStartedDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/guide/critical-sections.md")]
 struct GuideCriticalSectionsDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/primitives.md")]
+struct GuidePrimitivesDoctests;
 
 #[cfg(doctest)]
 #[doc = include_str!("../docs/guide/lock-budget.md")]

@@ -1,5 +1,5 @@
-//! Several keys at once: [`LockManagerExt::acquire_all`](crate::LockManagerExt::acquire_all),
-//! [`with_locks`](crate::LockManagerExt::with_locks) and the [`LockSet`] they hand back.
+//! Several keys at once: the [`LockSet`] that
+//! [`acquire_all`](crate::LockManagerExt::acquire_all) and its kin hand back.
 //!
 //! The keys are taken one by one in one order that every caller of this API uses, whatever
 //! order it named them in: by lock id (`LockTarget::packed`), then by kind. Two callers of
@@ -8,34 +8,50 @@
 //! original's key derivation).
 
 use std::future::Future;
-use std::time::Duration;
 
-use tokio::time::Instant;
+use crate::{Error, LockGuard, LockHandle, LockInfo, LockKey, LossSignal, Result};
 
-use crate::{Error, LockGuard, LockInfo, LockKey, LockManager, LockMode, LossSignal, Result};
-
-/// The locks of several keys, taken together; released together by
-/// [`release`](Self::release) or, in the background, when dropped.
+/// The locks of several keys, taken together, all or nothing
+/// ([`acquire_all`](crate::LockManagerExt::acquire_all),
+/// [`try_acquire_all`](crate::LockManagerExt::try_acquire_all) and their shared twins): a
+/// [`LockHandle`] with the exits of a [`LockGuard`], for every lock at once.
 ///
-/// Its [`loss_signal`](Self::loss_signal) fires when any of its locks goes.
+/// [`release`](Self::release) releases them together (last taken first), dropping the set
+/// releases them in the background, and [`leak`](Self::leak) leaves them in the manager's
+/// registry. Its [`loss_signal`](Self::loss_signal) fires when any of its locks goes, and
+/// [`run`](Self::run) is the critical section of every one of its keys.
 #[must_use = "the locks are released as soon as the set is dropped; bind it to a variable that lives as long as the critical section"]
 pub struct LockSet {
     guards: Vec<LockGuard>,
+    /// What each lock was granted as, in the order taken (the guards' own, gathered).
+    infos: Vec<LockInfo>,
     loss: LossSignal,
 }
 
 impl LockSet {
-    fn new(guards: Vec<LockGuard>) -> LockSet {
+    pub(crate) fn new(guards: Vec<LockGuard>) -> LockSet {
         // A declared loss of any lock is the set's at that very moment (a lock that went
         // while the others were being taken, at once), and a silence past any lock's expiry
         // is the set's as soon as anyone looks: before every poll of the set's body.
         let loss = LossSignal::any_of(guards.iter().map(|g| g.loss_signal().clone()).collect());
-        LockSet { guards, loss }
+        let infos = guards.iter().map(|g| g.info().clone()).collect();
+        LockSet {
+            guards,
+            infos,
+            loss,
+        }
     }
 
-    /// What each lock of the set was granted as, in the order they were taken.
+    /// What each lock of the set was granted as (key, lock id, mode, holder id, fencing
+    /// token), in the order they were taken: by lock id.
+    pub fn info(&self) -> &[LockInfo] {
+        &self.infos
+    }
+
+    /// The old form of [`info`](Self::info).
+    #[deprecated(since = "0.4.0", note = "use `info()`, a slice, as every handle has")]
     pub fn infos(&self) -> impl Iterator<Item = &LockInfo> {
-        self.guards.iter().map(LockGuard::info)
+        self.infos.iter()
     }
 
     /// How many locks the set holds.
@@ -55,22 +71,24 @@ impl LockSet {
 
     /// Runs `body` as the critical section of every key of the set: an acquisition of any of
     /// them inside it fails at once with [`Error::Reentrant`], and `body` is dropped as soon
-    /// as any lock of the set goes.
+    /// as any lock of the set goes, also when the silence of one of its sessions ran out
+    /// while the process was frozen (checked before every poll of `body`).
     ///
     /// # Errors
     ///
-    /// [`Error::LockLost`], naming the first key of the set, when a lock went before `body`
+    /// [`Error::LockLost`], naming the key whose lock went, when a lock went before `body`
     /// finished.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: dropping the future drops `body`; the locks stay held.
     pub async fn run<F: Future>(&self, body: F) -> Result<F::Output> {
-        let holder = self.guards.first().map(|g| g.info().holder_id.clone());
-        let keys = self.infos().map(|info| (info.key.clone(), info.mode));
+        let holder = self.infos.first().map(|info| info.holder_id.clone());
+        let keys = self.infos.iter().map(|info| (info.key.clone(), info.mode));
         let body = crate::scope::inside_all(holder.unwrap_or_default(), keys, body);
         self.loss.run_until_lost(body).await.map_err(|cause| {
-            let key = self.guards.first().map(|g| g.info().key.clone());
+            let gone = self.guards.iter().find(|g| g.loss_signal().is_lost());
+            let key = gone.or(self.guards.first()).map(|g| g.info().key.clone());
             Error::LockLost {
                 key: key.unwrap_or_else(|| LockKey::id(0)),
                 cause,
@@ -82,8 +100,8 @@ impl LockSet {
     ///
     /// # Errors
     ///
-    /// The first failure among the releases (every lock is released regardless, as
-    /// [`LockGuard::release`] does).
+    /// The first failure among the releases, naming its key (every lock is released
+    /// regardless, as [`LockGuard::release`] does).
     ///
     /// # Cancel safety
     ///
@@ -98,12 +116,55 @@ impl LockSet {
         }
         first
     }
+
+    /// Keeps every lock of the set held without it, in the manager's registry, until
+    /// [`release`](crate::LockManagerExt::release) or
+    /// [`release_all`](crate::LockManager::release_all) names them, and returns what each was
+    /// granted as.
+    pub fn leak(self) -> Vec<LockInfo> {
+        for guard in self.guards {
+            guard.leak();
+        }
+        self.infos
+    }
+}
+
+impl crate::handle::sealed::Sealed for LockSet {}
+
+impl LockHandle for LockSet {
+    type Info = [LockInfo];
+
+    fn info(&self) -> &[LockInfo] {
+        LockSet::info(self)
+    }
+
+    fn loss_signal(&self) -> &LossSignal {
+        LockSet::loss_signal(self)
+    }
+
+    fn run<F>(&self, body: F) -> impl Future<Output = Result<F::Output>> + Send
+    where
+        F: Future + Send,
+    {
+        LockSet::run(self, body)
+    }
+
+    fn release(self) -> impl Future<Output = Result<()>> + Send {
+        LockSet::release(self)
+    }
+
+    fn leak(self) -> Vec<LockInfo> {
+        LockSet::leak(self)
+    }
 }
 
 impl std::fmt::Debug for LockSet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockSet")
-            .field("keys", &self.infos().map(|i| &i.key).collect::<Vec<_>>())
+            .field(
+                "keys",
+                &self.infos.iter().map(|i| &i.key).collect::<Vec<_>>(),
+            )
             .field("lost", &self.loss.is_lost())
             .finish()
     }
@@ -123,45 +184,9 @@ pub(crate) fn in_lock_order(keys: impl IntoIterator<Item = LockKey>) -> Vec<Lock
     keys
 }
 
-/// Takes every one of `keys` (in lock order) in `mode` within one `timeout`, or none.
-pub(crate) async fn acquire_all<M: LockManager + ?Sized>(
-    manager: &M,
-    keys: Vec<LockKey>,
-    mode: LockMode,
-    timeout: Option<Duration>,
-) -> Result<LockSet> {
-    let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
-    let mut guards = Vec::with_capacity(keys.len());
-    for key in keys {
-        // What is left of the one deadline; a zero timeout stays one try per key.
-        let left = match (timeout, deadline) {
-            (Some(_), Some(deadline)) => Some(deadline.saturating_duration_since(Instant::now())),
-            (timeout, _) => timeout,
-        };
-        let acquired = crate::manager::acquire(manager, key, mode, left).await;
-        match acquired {
-            Ok(guard) => guards.push(guard),
-            Err(err) => {
-                // All or nothing: what was taken goes back, last first.
-                while let Some(guard) = guards.pop() {
-                    let _ = guard.release().await;
-                }
-                return Err(match err {
-                    Error::Timeout { key, .. } => Error::Timeout {
-                        key,
-                        timeout: timeout.unwrap_or_default(),
-                    },
-                    err => err,
-                });
-            }
-        }
-    }
-    Ok(LockSet::new(guards))
-}
-
 #[cfg(test)]
 mod tests {
-    use crate::{InMemoryLockManager, LockManager, LockManagerExt, LossCause};
+    use crate::{InMemoryLockManager, LossCause};
 
     /// The set hears of a lock that goes at the moment its guard does, with no task switch in
     /// between (the simulation's seeds 30 and 581).

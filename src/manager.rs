@@ -4,7 +4,9 @@ use std::fmt;
 
 use async_trait::async_trait;
 
-use crate::{AcquireOptions, HeldLock, LockGuard, LockKey, LockMode, Result, Wait};
+#[cfg(doc)]
+use crate::Wait;
+use crate::{AcquireOptions, Attempt, HeldLock, LockGuard, LockKey, Result};
 
 /// A named mutual-exclusion lock service: the port every lock manager implements.
 ///
@@ -33,13 +35,14 @@ use crate::{AcquireOptions, HeldLock, LockGuard, LockKey, LockMode, Result, Wait
 /// acquisitions through two managers do. Cross-process exclusion, release when a process dies
 /// and fairness are properties of an implementation, documented on it, not of this trait.
 ///
-/// **Acquisition.** [`lock`](LockManager::lock) takes the key as its [`AcquireOptions`] say
-/// and hands back a [`LockGuard`]. The manager also keeps the lock in its *registry*, from where
-/// [`unlock`](LockManager::unlock) and [`release_all`](LockManager::release_all) can take it
-/// away; [`LockGuard::leak`] leaves it there alone.
+/// **Acquisition.** [`acquire_key`](LockManager::acquire_key) takes the key as its
+/// [`AcquireOptions`] say and hands back a [`LockGuard`]. The manager also keeps the lock in its
+/// *registry*, from where [`release_key`](LockManager::release_key) and
+/// [`release_all`](LockManager::release_all) can take it away; [`LockGuard::leak`] leaves it
+/// there alone.
 ///
-/// **Waiting.** [`Wait::No`] makes one attempt and returns `Ok(None)` when the key is held by
-/// anyone, this manager included. [`Wait::Forever`] waits as long as it takes.
+/// **Waiting.** [`Wait::No`] makes one attempt and returns [`Attempt::Busy`] when the key is
+/// held by anyone, this manager included. [`Wait::Forever`] waits as long as it takes.
 /// [`Wait::For(t)`](Wait::For) waits at most `t` from the call, and that one deadline covers
 /// everything inside the call: this manager's own queue for the key, getting a connection,
 /// the server's queue. Nothing inside the manager gives up earlier, and when `t` runs out the
@@ -53,11 +56,11 @@ use crate::{AcquireOptions, HeldLock, LockGuard, LockKey, LockMode, Result, Wait
 /// like separate tasks, as callers of a `tokio::sync::Mutex` do.
 /// A manager never asks its backend for a key it holds (no stacking of PostgreSQL's re-entrant
 /// locks, no self-deadlock on the server). Nested critical sections are refused by
-/// [`LockManagerExt`](crate::LockManagerExt), which knows them, before `lock` is called.
+/// [`LockManagerExt`](crate::LockManagerExt), which knows them, before `acquire_key` is called.
 ///
 /// **A holder is told whenever its lock goes.** A guard's [`loss_signal`](LockGuard::loss_signal)
 /// fires when the manager declares the lock lost, and also when the lock is taken away through
-/// the manager: [`unlock`](LockManager::unlock) fires it with
+/// the manager: [`release_key`](LockManager::release_key) fires it with
 /// [`LossCause::Released`](crate::LossCause::Released), [`release_all`](LockManager::release_all)
 /// with [`LossCause::ReleasedAll`](crate::LossCause::ReleasedAll). The guard's own release is
 /// silent. A guard whose lock went releases nothing: its release returns
@@ -71,8 +74,8 @@ use crate::{AcquireOptions, HeldLock, LockGuard, LockKey, LockMode, Result, Wait
 pub trait LockManager: Send + Sync + fmt::Debug {
     /// Takes the lock on `key` as `options` say and returns a guard for it.
     ///
-    /// Returns `Ok(None)` only for [`Wait::No`], when the key is held by anyone (this manager
-    /// included). Callers use [`acquire`](crate::LockManagerExt::acquire),
+    /// Returns [`Attempt::Busy`] only for [`Wait::No`], when the key is held by anyone (this
+    /// manager included). Callers use [`acquire`](crate::LockManagerExt::acquire),
     /// [`try_acquire`](crate::LockManagerExt::try_acquire) and their shared-mode twins, which
     /// call this.
     ///
@@ -80,12 +83,12 @@ pub trait LockManager: Send + Sync + fmt::Debug {
     ///
     /// [`Error::Timeout`](crate::Error::Timeout) when the deadline of [`Wait::For`] passes;
     /// the other variants of [`Error`](crate::Error) when the backend fails or refuses. Failures
-    /// are errors, never `None`: `None` always means "held by someone".
+    /// are errors, never `Busy`: `Busy` always means "held by someone".
     ///
     /// # Cancel safety
     ///
     /// Must be cancel safe: if the future is dropped, the lock is either not taken or released.
-    async fn lock(&self, key: &LockKey, options: AcquireOptions) -> Result<Option<LockGuard>>;
+    async fn acquire_key(&self, key: &LockKey, options: AcquireOptions) -> Result<Attempt>;
 
     /// Takes the acquisition of `key` out of the registry, however it was made, and releases
     /// it. A guard standing for it is told: its loss signal fires with
@@ -102,7 +105,7 @@ pub trait LockManager: Send + Sync + fmt::Debug {
     ///
     /// Must be cancel safe: once the registry has forgotten the lock, it is released even if
     /// the future is dropped.
-    async fn unlock(&self, key: &LockKey) -> Result<()>;
+    async fn release_key(&self, key: &LockKey) -> Result<()>;
 
     /// True when this manager holds `key`. Callers use
     /// [`is_held`](crate::LockManagerExt::is_held).
@@ -110,7 +113,7 @@ pub trait LockManager: Send + Sync + fmt::Debug {
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads.
-    async fn holds(&self, key: &LockKey) -> bool;
+    async fn is_held_key(&self, key: &LockKey) -> bool;
 
     /// Releases every lock this manager holds and returns how many were released with
     /// confirmation. Use it on shutdown.
@@ -132,7 +135,7 @@ pub trait LockManager: Send + Sync + fmt::Debug {
     /// # Examples
     ///
     /// ```
-    /// use pglock::{InMemoryLockManager, LockManager, LockManagerExt, LossCause};
+    /// use pglock::{InMemoryLockManager, LossCause};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
     /// let locks = InMemoryLockManager::new();
@@ -151,13 +154,13 @@ pub trait LockManager: Send + Sync + fmt::Debug {
     ///
     /// * **Exactly the acquisitions granted and held right now**, one per key (a manager holds
     ///   a key at most once), leaked ones included: the same set as
-    ///   [`holds`](LockManager::holds) answers for, as many as
+    ///   [`is_held_key`](LockManager::is_held_key) answers for, as many as
     ///   [`held_lock_count`](LockManager::held_lock_count) counts. Never an acquisition still
     ///   waiting, in this manager's queue or the backend's; never one being let go: once
-    ///   [`unlock`](LockManager::unlock), [`release_all`](LockManager::release_all), a guard's
-    ///   release, or a dropped guard (once the manager has processed the drop) took it out of
-    ///   the registry, it is gone from the listing, even while the backend still confirms the
-    ///   release. A lock declared lost is gone too.
+    ///   [`release_key`](LockManager::release_key), [`release_all`](LockManager::release_all),
+    ///   a guard's release, or a dropped guard (once the manager has processed the drop) took
+    ///   it out of the registry, it is gone from the listing, even while the backend still
+    ///   confirms the release. A lock declared lost is gone too.
     /// * **Each acquisition's own [`LockInfo`](crate::LockInfo)**, equal to its guard's
     ///   ([`LockGuard::info`]): key, lock id, mode, `acquired_at`, holder id, fencing token.
     /// * **`held_for`** from the grant of that acquisition to the listing, on a monotonic
@@ -174,7 +177,7 @@ pub trait LockManager: Send + Sync + fmt::Debug {
     /// # Examples
     ///
     /// ```
-    /// use pglock::{InMemoryLockManager, LockManager, LockManagerExt, LockMode};
+    /// use pglock::{InMemoryLockManager, LockMode};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
     /// let locks = InMemoryLockManager::new();
@@ -197,25 +200,26 @@ pub trait LockManager: Send + Sync + fmt::Debug {
     /// It also names the holder for nesting: a critical section of this manager on a key
     /// refuses acquisitions of that key by any manager with the same holder id.
     fn holder_id(&self) -> &str;
-}
 
-/// Waits for `key` through the port, as every caller's acquisition does: refused inside a
-/// critical section of the key, a `None` for a wait made the caller's timeout.
-pub(crate) async fn acquire<M: LockManager + ?Sized>(
-    manager: &M,
-    key: LockKey,
-    mode: LockMode,
-    timeout: Option<std::time::Duration>,
-) -> Result<LockGuard> {
-    crate::scope::refuse_nested(manager.holder_id(), &key)?;
-    let options = AcquireOptions::new(mode, Wait::from(timeout));
-    match manager.lock(&key, options).await? {
-        Some(guard) => Ok(guard),
-        // Only `Wait::No` may answer `None`; a manager that does so for a wait breaks the
-        // port's contract, and the caller still deserves its timeout.
-        None => Err(crate::Error::Timeout {
-            key,
-            timeout: timeout.unwrap_or_default(),
-        }),
+    /// The old name of [`acquire_key`](LockManager::acquire_key), which answers an
+    /// [`Attempt`] where this answers an `Option`.
+    #[deprecated(
+        since = "0.4.0",
+        note = "renamed `acquire_key`, which answers an `Attempt`"
+    )]
+    async fn lock(&self, key: &LockKey, options: AcquireOptions) -> Result<Option<LockGuard>> {
+        Ok(self.acquire_key(key, options).await?.into_handle())
+    }
+
+    /// The old name of [`release_key`](LockManager::release_key).
+    #[deprecated(since = "0.4.0", note = "renamed `release_key`")]
+    async fn unlock(&self, key: &LockKey) -> Result<()> {
+        self.release_key(key).await
+    }
+
+    /// The old name of [`is_held_key`](LockManager::is_held_key).
+    #[deprecated(since = "0.4.0", note = "renamed `is_held_key`")]
+    async fn holds(&self, key: &LockKey) -> bool {
+        self.is_held_key(key).await
     }
 }

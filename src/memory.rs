@@ -146,7 +146,7 @@ impl InMemoryLockManagerBuilder {
         self
     }
 
-    crate::core::telemetry_setters!();
+    crate::telemetry::telemetry_setters!(common.telemetry);
 
     /// Builds the manager.
     pub fn build(self) -> InMemoryLockManager {

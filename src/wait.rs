@@ -23,6 +23,7 @@ impl AcquireOptions {
 
 /// How long an acquisition waits for another holder to let go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Wait {
     /// One attempt; a held key is `Ok(None)`, not an error.
     No,

@@ -33,8 +33,8 @@ use std::time::Duration;
 use common::key;
 use pglock::leader::Error as LeaderError;
 use pglock::{
-    Error, FencingTable, LeaderElection, LockGuard, LockInfo, LockManager, LossCause,
-    PostgresLockManager, lock_id,
+    Error, FencingTable, LeaderElection, LockGuard, LockInfo, LossCause, PostgresLockManager,
+    lock_id,
 };
 use pglock_testing::TempPostgres;
 use sqlx::PgPool;
@@ -293,7 +293,7 @@ async fn candidate_loop(
             term = info.fencing_token;
             write_while_leading(Arc::clone(&log), info)
         };
-        match election.run_as_leader(work).await {
+        match election.run_as_leader(None, work).await {
             Ok(never) => match never {},
             Err(LeaderError::Lock(Error::LockLost { cause, .. })) => {
                 let token = term.expect("a term that was lost had started");
@@ -596,7 +596,8 @@ async fn failover(
             LeaderElection::builder(Arc::new(locks), &name)
                 .retry_interval(RETRY)
                 .jitter(JITTER)
-                .start(),
+                .build()
+                .expect("within the runtime"),
         );
         let task = tokio::spawn(candidate_loop(
             Arc::clone(&election),

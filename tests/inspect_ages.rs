@@ -12,7 +12,7 @@ use common::{
     unique_fencing_table,
 };
 use pglock::inspect::{Age, Inspector, Session};
-use pglock::{LockManager, lock_id};
+use pglock::lock_id;
 use tokio::time::Instant;
 
 /// Long enough that a lower bound reset by later statements is far below the true age.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use common::{LockRow, advisory_locks_of, app_name, eventually, key, lock_rows, observer};
 use pglock::inspect::{Error as InspectError, Inspector, LockReport, Session};
-use pglock::{LockMode, PostgresLockManager, lock_id, split_lock_id};
+use pglock::{LockKey, LockMode, LockTarget, PostgresLockManager, lock_id, split_lock_id};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgConnection, PgPool};
 use tokio::task::JoinHandle;
@@ -102,7 +102,8 @@ fn held_for(session: &Session) -> Duration {
 }
 
 fn report_of(reports: &[LockReport], lock_id: i64) -> &LockReport {
-    let mut found = reports.iter().filter(|report| report.lock_id == lock_id);
+    let target = LockTarget::BigInt(lock_id);
+    let mut found = reports.iter().filter(|report| report.target == target);
     let report = found
         .next()
         .unwrap_or_else(|| panic!("no report for {lock_id}: {reports:?}"));
@@ -131,8 +132,8 @@ async fn queue(
         async move {
             let timeout = Some(Duration::from_secs(60));
             match mode {
-                LockMode::Exclusive => manager.acquire(&key, timeout).await,
                 LockMode::Shared => manager.acquire_shared(&key, timeout).await,
+                _ => manager.acquire(&key, timeout).await,
             }
         }
     });
@@ -184,8 +185,11 @@ async fn reports_holders_sharers_and_queued_waiters_exactly() {
     let reports = inspector.all().await.expect("inspect all");
     let elapsed_since = |at: Instant| asked.duration_since(at);
 
-    // Reports are ordered by (classid, objid), one per lock.
-    let ids: Vec<(u32, u32)> = reports.iter().map(|r| (r.classid, r.objid)).collect();
+    // Reports are ordered by key space, then (classid, objid), one per lock.
+    let ids: Vec<(i16, u32, u32)> = reports
+        .iter()
+        .map(|r| (r.target.objsubid(), r.classid, r.objid))
+        .collect();
     let mut sorted = ids.clone();
     sorted.sort();
     sorted.dedup();
@@ -193,7 +197,7 @@ async fn reports_holders_sharers_and_queued_waiters_exactly() {
 
     // key_a: one exclusive holder, three waiters in arrival order.
     let report = report_of(&reports, lock_id(&key_a));
-    assert_eq!(report.key.as_deref(), Some(key_a.as_str()), "a known key");
+    assert_eq!(report.key_name(), Some(key_a.as_str()), "a known key");
     assert_eq!(
         (report.classid, report.objid),
         split_lock_id(lock_id(&key_a))
@@ -271,7 +275,7 @@ async fn reports_holders_sharers_and_queued_waiters_exactly() {
 
     // key_s: two sharers, first granted first.
     let report = report_of(&reports, lock_id(&key_s));
-    assert_eq!(report.key.as_deref(), Some(key_s.as_str()));
+    assert_eq!(report.key_name(), Some(key_s.as_str()));
     assert_eq!(
         holder_ids(&report.holders),
         [s1_id.as_str(), s2_id.as_str()]
@@ -284,14 +288,14 @@ async fn reports_holders_sharers_and_queued_waiters_exactly() {
 
     // Asking for one key gives the same report, with the key named.
     let one = inspector.key(&key_b).await.expect("inspect key_b");
-    assert_eq!(one.key.as_deref(), Some(key_b.as_str()));
+    assert_eq!(one.key_name(), Some(key_b.as_str()));
     assert_eq!(one.holders.len(), 1);
     assert_eq!(one.holders[0].pid, Some(row_of(&observer, &b_id).await.pid));
     let by_id = inspector
         .by_lock_id(lock_id(&key_a))
         .await
         .expect("inspect key_a by id");
-    assert_eq!(by_id.key.as_deref(), Some(key_a.as_str()));
+    assert_eq!(by_id.key_name(), Some(key_a.as_str()));
     assert_eq!(holder_ids(&by_id.holders), [a_id.as_str()]);
     assert_eq!(
         holder_ids(&by_id.waiters),
@@ -321,7 +325,7 @@ async fn reports_holders_sharers_and_queued_waiters_exactly() {
     for key in [&key_a, &key_b, &key_s] {
         let report = inspector.key(key).await.expect("inspect");
         assert!(report.is_free(), "{report:?}");
-        assert_eq!(report.key.as_deref(), Some(key.as_str()));
+        assert_eq!(report.key_name(), Some(key.as_str()));
         assert_eq!(report.lock_id, lock_id(key));
     }
 }
@@ -332,7 +336,8 @@ async fn other_software_prefixes_and_two_int_locks() {
     let (key_x, key_y, key_z) = (key("insp-x"), key("insp-y"), key("insp-z"));
 
     // Another program's session: a bigint lock (listed, no holder id) and a two-int4 lock whose
-    // halves equal key_y's classid and objid (a different lock, not listed).
+    // halves equal key_y's classid and objid (a different lock, in the other key space: listed
+    // as the pair it is, never as key_y's).
     let app = app_name("other-software");
     let mut other = PgConnection::connect_with(&common::options(&app))
         .await
@@ -369,7 +374,7 @@ async fn other_software_prefixes_and_two_int_locks() {
     let inspector = Inspector::new(observer.clone()).known_keys([&key_x, &key_y, &key_z]);
     let reports = inspector.all().await.expect("inspect");
     let report = report_of(&reports, lock_id(&key_x));
-    assert_eq!(report.key.as_deref(), Some(key_x.as_str()));
+    assert_eq!(report.key_name(), Some(key_x.as_str()));
     assert_eq!(report.holders.len(), 1);
     let holder = &report.holders[0];
     assert_eq!(holder.pid, Some(pid));
@@ -377,11 +382,32 @@ async fn other_software_prefixes_and_two_int_locks() {
     assert_eq!(holder.holder_id, None, "not a pglock session");
     assert_eq!(holder.state.as_deref(), Some("idle"));
     assert!(holder.held_or_waited_for.is_some());
+    let pair = LockTarget::IntPair(classid as i32, objid as i32);
     assert!(
-        reports.iter().all(|r| r.lock_id != lock_id(&key_y)),
-        "two-int4 locks are skipped"
+        reports
+            .iter()
+            .all(|r| r.target != LockTarget::BigInt(lock_id(&key_y))),
+        "the pair is not key_y's lock"
     );
+    let listed: Vec<&LockReport> = reports.iter().filter(|r| r.target == pair).collect();
+    assert_eq!(listed.len(), 1, "the two-int4 lock is listed: {reports:?}");
+    assert_eq!(listed[0].holders[0].pid, Some(pid));
+    assert_eq!((listed[0].classid, listed[0].objid), (classid, objid));
+    assert_eq!(listed[0].key, None, "not a known key");
     assert!(inspector.key(&key_y).await.expect("inspect").is_free());
+    let by_pair = inspector
+        .key(LockKey::pair(classid as i32, objid as i32))
+        .await
+        .expect("inspect");
+    assert_eq!(by_pair.target, pair);
+    assert_eq!(
+        by_pair.key,
+        Some(LockKey::pair(classid as i32, objid as i32))
+    );
+    assert_eq!(
+        by_pair.holders.iter().map(|h| h.pid).collect::<Vec<_>>(),
+        [Some(pid)]
+    );
 
     let report = report_of(&reports, lock_id(&key_z));
     assert_eq!(
@@ -498,13 +524,19 @@ async fn an_unreachable_server_is_an_inspection_error() {
         .key("leader:orders")
         .await
         .expect_err("unreachable");
-    assert_eq!(err.key.as_deref(), Some("leader:orders"), "{err:?}");
+    assert!(
+        matches!(&err, InspectError::Connection { key: Some(key), .. } if *key == "leader:orders"),
+        "{err:?}"
+    );
     assert!(
         err.to_string()
             .starts_with("Lock inspection failed for 'leader:orders': "),
         "{err}"
     );
     let err: InspectError = inspector.all().await.expect_err("unreachable");
-    assert!(matches!(err, InspectError { key: None, .. }), "{err:?}");
+    assert!(
+        matches!(err, InspectError::Connection { key: None, .. }),
+        "{err:?}"
+    );
     assert!(std::error::Error::source(&err).is_some());
 }

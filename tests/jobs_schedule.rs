@@ -16,7 +16,7 @@ use common::jobs::{
 use common::{app_name, assert_pool_clean, observer, pool_named};
 use pglock::schedule::Error;
 use pglock::schedule::{JobTable, RunOutcome, ScheduledJob, ScheduledJobBuilder, Skip};
-use pglock::{LockManager, PostgresLockManager, lock_id};
+use pglock::{PostgresLockManager, lock_id};
 use pglock_testing::{Stage, pause_at};
 
 const HOUR: Duration = Duration::from_secs(3600);

@@ -19,8 +19,9 @@ use common::clock::now_us;
 use common::{app_name, lock_rows, observer, pool_named};
 use pglock::leader::Error as LeaderError;
 use pglock::{
-    AcquireOptions, Error, FencingTable, InMemoryLockManager, InMemoryLockServer, LeaderElection,
-    Leadership, LockGuard, LockInfo, LockKey, LockManager, LossCause, PostgresLockManager, lock_id,
+    AcquireOptions, Attempt, Error, FencingTable, InMemoryLockManager, InMemoryLockServer,
+    LeaderElection, Leadership, LockInfo, LockKey, LockManager, LossCause, PostgresLockManager,
+    lock_id,
 };
 use pglock_testing::{Stage, pause_at};
 use sqlx::{AssertSqlSafe, PgPool};
@@ -64,7 +65,8 @@ fn candidate(server: &InMemoryLockServer, id: &str, name: &str) -> Candidate {
     let election = LeaderElection::builder(Arc::new(locks.clone()), name)
         .retry_interval(RETRY)
         .jitter(JITTER)
-        .start();
+        .build()
+        .expect("within the runtime");
     Candidate {
         locks,
         election: Arc::new(election),
@@ -80,7 +82,7 @@ async fn first_leader(candidates: &[Candidate]) -> (usize, LockInfo) {
         .map(|(i, c)| {
             let (election, tx) = (Arc::clone(&c.election), tx.clone());
             tokio::spawn(async move {
-                if let Ok(info) = election.wait_for_leadership().await {
+                if let Ok(info) = election.wait_for_leadership(None).await {
                     let _ = tx.send((i, info));
                 }
             })
@@ -174,7 +176,7 @@ async fn a_lost_leader_steps_down_at_once_and_its_work_is_cancelled() {
             started_tx,
             Arc::clone(&dropped_holding),
         );
-        async move { election.run_as_leader(work).await }
+        async move { election.run_as_leader(None, work).await }
     });
     assert_eq!(
         within("the work starts", started_rx)
@@ -210,7 +212,7 @@ async fn a_lost_leader_steps_down_at_once_and_its_work_is_cancelled() {
 
     let next = within(
         "leadership",
-        candidates[follower].election.wait_for_leadership(),
+        candidates[follower].election.wait_for_leadership(None),
     )
     .await
     .expect("the follower takes over");
@@ -245,7 +247,7 @@ async fn resign_cancels_the_work_then_releases_and_hands_over() {
             started_tx,
             Arc::clone(&dropped_holding),
         );
-        async move { election.run_as_leader(work).await }
+        async move { election.run_as_leader(None, work).await }
     });
     within("the work starts", started_rx)
         .await
@@ -275,7 +277,7 @@ async fn resign_cancels_the_work_then_releases_and_hands_over() {
 
     let next = within(
         "leadership",
-        candidates[follower].election.wait_for_leadership(),
+        candidates[follower].election.wait_for_leadership(None),
     )
     .await
     .expect("the follower takes over");
@@ -291,11 +293,11 @@ async fn resign_cancels_the_work_then_releases_and_hands_over() {
         "nothing left"
     );
     assert!(matches!(
-        within("leadership", resigned.wait_for_leadership()).await,
+        within("leadership", resigned.wait_for_leadership(None)).await,
         Err(LeaderError::Stopped { .. })
     ));
     assert!(matches!(
-        resigned.run_as_leader(|_| async {}).await,
+        resigned.run_as_leader(None, |_| async {}).await,
         Err(LeaderError::Stopped { .. })
     ));
     tokio::time::sleep(RETRY * 3).await;
@@ -312,8 +314,9 @@ async fn dropping_the_handle_stops_the_campaign_and_releases() {
         .build();
     let leader = LeaderElection::builder(Arc::new(a.clone()), "drop")
         .retry_interval(RETRY)
-        .start();
-    within("leadership", leader.wait_for_leadership())
+        .build()
+        .expect("within the runtime");
+    within("leadership", leader.wait_for_leadership(None))
         .await
         .expect("alone, it leads");
     let b = candidate(&server, "b", "drop");
@@ -330,7 +333,7 @@ async fn dropping_the_handle_stops_the_campaign_and_releases() {
     {}
     assert_eq!(*state.borrow(), Leadership::Follower);
     assert_eq!(a.held_lock_count(), 0);
-    let next = within("leadership", b.election.wait_for_leadership())
+    let next = within("leadership", b.election.wait_for_leadership(None))
         .await
         .expect("takes over");
     assert!(dropped_at.elapsed() <= longest_wait());
@@ -354,7 +357,7 @@ async fn a_lock_released_through_the_manager_ends_the_term() {
         let work = tokio::spawn({
             let election = Arc::clone(&candidates[leader].election);
             let work = endless_work(candidates[leader].locks.clone(), started_tx, Arc::default());
-            async move { election.run_as_leader(work).await }
+            async move { election.run_as_leader(None, work).await }
         });
         within("the work starts", started_rx)
             .await
@@ -422,11 +425,7 @@ impl Scripted {
 
 #[async_trait]
 impl LockManager for Scripted {
-    async fn lock(
-        &self,
-        key: &LockKey,
-        options: AcquireOptions,
-    ) -> pglock::Result<Option<LockGuard>> {
+    async fn acquire_key(&self, key: &LockKey, options: AcquireOptions) -> pglock::Result<Attempt> {
         self.acquires.send_modify(|n| *n += 1);
         let failing = self
             .failures
@@ -439,20 +438,20 @@ impl LockManager for Scripted {
                 source: None,
             });
         }
-        self.inner.lock(key, options).await
+        self.inner.acquire_key(key, options).await
     }
 
-    async fn unlock(&self, key: &LockKey) -> pglock::Result<()> {
-        self.inner.unlock(key).await
+    async fn release_key(&self, key: &LockKey) -> pglock::Result<()> {
+        self.inner.release_key(key).await
     }
 
     async fn release_all(&self) -> pglock::Result<usize> {
         self.inner.release_all().await
     }
 
-    async fn holds(&self, key: &LockKey) -> bool {
+    async fn is_held_key(&self, key: &LockKey) -> bool {
         self.checks.send_modify(|n| *n += 1);
-        self.inner.holds(key).await
+        self.inner.is_held_key(key).await
     }
 
     async fn held_locks(&self) -> Vec<pglock::HeldLock> {
@@ -475,8 +474,9 @@ async fn failed_attempts_are_retried_every_interval() {
     let election = LeaderElection::builder(locks.clone(), "flaky")
         .retry_interval(RETRY)
         .jitter(0.0)
-        .start();
-    let info = within("leadership", election.wait_for_leadership())
+        .build()
+        .expect("within the runtime");
+    let info = within("leadership", election.wait_for_leadership(None))
         .await
         .expect("leads");
     assert_eq!(started.elapsed(), RETRY * 3, "three failures, three waits");
@@ -501,7 +501,8 @@ async fn jitter_spreads_attempts_within_its_bound() {
     let _election = LeaderElection::builder(locks.clone(), "jitter")
         .retry_interval(RETRY)
         .jitter(0.5)
-        .start();
+        .build()
+        .expect("within the runtime");
     let mut attempts = locks.acquires.subscribe();
     let mut last = Instant::now();
     let mut waits = Vec::new();
@@ -548,7 +549,7 @@ async fn terms_are_traced_with_identity_token_and_outcome() {
 
     let server = InMemoryLockServer::new();
     let a = candidate(&server, "traced-a", "traced");
-    let first_term = within("leadership", a.election.wait_for_leadership())
+    let first_term = within("leadership", a.election.wait_for_leadership(None))
         .await
         .expect("leads");
     let mut state = a.election.subscribe();
@@ -556,7 +557,7 @@ async fn terms_are_traced_with_identity_token_and_outcome() {
     within("the step down", state.wait_for(|l| !l.is_leader()))
         .await
         .expect("steps down");
-    let second_term = within("leadership", a.election.wait_for_leadership())
+    let second_term = within("leadership", a.election.wait_for_leadership(None))
         .await
         .expect("leads again");
     assert_eq!(
@@ -570,7 +571,7 @@ async fn terms_are_traced_with_identity_token_and_outcome() {
     );
     // A third term, ended by dropping the handle.
     let b = candidate(&server, "traced-b", "traced");
-    within("leadership", b.election.wait_for_leadership())
+    within("leadership", b.election.wait_for_leadership(None))
         .await
         .expect("leads");
     let mut state = b.election.subscribe();
@@ -587,8 +588,9 @@ async fn terms_are_traced_with_identity_token_and_outcome() {
         .build();
     let quiet = LeaderElection::builder(Arc::new(quiet), "traced")
         .tracing(false)
-        .start();
-    within("leadership", quiet.wait_for_leadership())
+        .build()
+        .expect("within the runtime");
+    within("leadership", quiet.wait_for_leadership(None))
         .await
         .expect("leads");
     assert!(
@@ -696,10 +698,11 @@ async fn a_leader_holds_exactly_one_lock_across_many_ticks_and_one_release_frees
         let locks = Scripted::new(Arc::new(pg_manager(pool_named(3, &app).await, &app)), 0);
         let election = LeaderElection::builder(locks.clone(), &name)
             .retry_interval(TICK)
-            .start();
+            .build()
+            .expect("within the runtime");
         if i == 0 {
             // The first candidate starts alone, so it is the leader.
-            within("leadership", election.wait_for_leadership())
+            within("leadership", election.wait_for_leadership(None))
                 .await
                 .expect("leads");
         }
@@ -772,7 +775,7 @@ async fn a_leader_holds_exactly_one_lock_across_many_ticks_and_one_release_frees
     for (i, election) in elections.iter().enumerate().skip(1) {
         let (election, tx) = (Arc::clone(election), tx.clone());
         tokio::spawn(async move {
-            if let Ok(info) = election.wait_for_leadership().await {
+            if let Ok(info) = election.wait_for_leadership(None).await {
                 let _ = tx.send((i, info));
             }
         });
@@ -805,21 +808,26 @@ async fn cancelled_election_calls_leave_nothing_held() {
         .build_with_stage_hook(hook);
     let leader = LeaderElection::builder(Arc::new(leader_locks.clone()), &name)
         .retry_interval(Duration::from_millis(50))
-        .start();
-    within("leadership", leader.wait_for_leadership())
+        .build()
+        .expect("within the runtime");
+    within("leadership", leader.wait_for_leadership(None))
         .await
         .expect("leads");
     let follower_locks = pg_manager(pool_named(3, &follower_app).await, &follower_app);
     let follower = LeaderElection::builder(Arc::new(follower_locks.clone()), &name)
         .retry_interval(Duration::from_millis(50))
-        .start();
+        .build()
+        .expect("within the runtime");
 
     // Waiting for leadership, dropped: the follower keeps campaigning and holds nothing.
-    let waiting = tokio::time::timeout(Duration::from_millis(200), follower.wait_for_leadership());
+    let waiting = tokio::time::timeout(
+        Duration::from_millis(200),
+        follower.wait_for_leadership(None),
+    );
     assert!(waiting.await.is_err(), "the leader leads");
     let waiting = tokio::time::timeout(
         Duration::from_millis(200),
-        follower.run_as_leader(|_| async { panic!("a follower's work must not run") }),
+        follower.run_as_leader(None, |_| async { panic!("a follower's work must not run") }),
     );
     assert!(waiting.await.is_err(), "the leader leads");
     assert!(
@@ -832,7 +840,7 @@ async fn cancelled_election_calls_leave_nothing_held() {
     // Leader work, dropped while it runs: the leadership stays, with its one lock, and a
     // graceful end no longer waits for the dropped work.
     let (started_tx, started_rx) = oneshot::channel();
-    let working = leader.run_as_leader(|_| async move {
+    let working = leader.run_as_leader(None, |_| async move {
         started_tx.send(()).expect("report");
         std::future::pending::<()>().await
     });
@@ -878,7 +886,7 @@ async fn cancelled_election_calls_leave_nothing_held() {
     common::assert_pool_clean(&observer, &leader_app).await;
 
     // The follower takes over; dropping its handle mid-term releases too.
-    within("leadership", follower.wait_for_leadership())
+    within("leadership", follower.wait_for_leadership(None))
         .await
         .expect("takes over");
     let mut state = follower.subscribe();
@@ -1056,32 +1064,28 @@ impl Recorded {
 
 #[async_trait]
 impl LockManager for Recorded {
-    async fn lock(
-        &self,
-        key: &LockKey,
-        options: AcquireOptions,
-    ) -> pglock::Result<Option<LockGuard>> {
+    async fn acquire_key(&self, key: &LockKey, options: AcquireOptions) -> pglock::Result<Attempt> {
         let (began_us, began_wall_us) = (now_us(), wall_us());
-        let result = self.inner.lock(key, options).await;
+        let result = self.inner.acquire_key(key, options).await;
         self.asked.lock().unwrap().push(Asked {
             began_us,
             ended_us: now_us(),
             began_wall_us,
-            granted: matches!(result, Ok(Some(_))),
+            granted: matches!(result, Ok(Attempt::Acquired(_))),
         });
         result
     }
 
-    async fn unlock(&self, key: &LockKey) -> pglock::Result<()> {
-        self.inner.unlock(key).await
+    async fn release_key(&self, key: &LockKey) -> pglock::Result<()> {
+        self.inner.release_key(key).await
     }
 
     async fn release_all(&self) -> pglock::Result<usize> {
         self.inner.release_all().await
     }
 
-    async fn holds(&self, key: &LockKey) -> bool {
-        self.inner.holds(key).await
+    async fn is_held_key(&self, key: &LockKey) -> bool {
+        self.inner.is_held_key(key).await
     }
 
     async fn held_locks(&self) -> Vec<pglock::HeldLock> {
@@ -1123,7 +1127,7 @@ async fn candidate_loop(
             );
             write_while_leading(db.clone(), tables.clone(), info)
         };
-        match election.run_as_leader(work).await {
+        match election.run_as_leader(None, work).await {
             Ok(never) => match never {},
             Err(LeaderError::Lock(Error::LockLost {
                 cause: LossCause::NotOnServer,
@@ -1161,7 +1165,8 @@ async fn act_as_candidates(spec: &str) -> ! {
             LeaderElection::builder(locks.clone(), name)
                 .retry_interval(FAILOVER_RETRY)
                 .jitter(FAILOVER_JITTER)
-                .start(),
+                .build()
+                .expect("within the runtime"),
         );
         println!("CANDIDATE {}", election.holder_id());
         loops.push(tokio::spawn(candidate_loop(

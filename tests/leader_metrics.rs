@@ -35,13 +35,14 @@ fn candidate(locks: Arc<dyn LockManager>, election: &str) -> (LeaderElection, Pi
         .retry_interval(RETRY)
         .jitter(JITTER)
         .meter(pipeline.meter())
-        .start();
+        .build()
+        .expect("within the runtime");
     (candidate, pipeline)
 }
 
 /// Waits until `election` leads; the term's lock info.
 async fn leads(election: &LeaderElection) -> LockInfo {
-    within("leadership", election.wait_for_leadership())
+    within("leadership", election.wait_for_leadership(None))
         .await
         .expect("the candidate leads")
 }
@@ -172,7 +173,8 @@ async fn a_term_taken_away_through_the_manager_or_lost_ends_with_that_outcome() 
         .jitter(JITTER)
         .meter(pipeline.meter())
         .metrics_holder_id(true)
-        .start();
+        .build()
+        .expect("within the runtime");
     let mut state = election.subscribe();
     leads(&election).await;
     // A term of a few intervals: the next vacancy is counted from its end, not from here.
@@ -228,7 +230,8 @@ async fn a_postgres_leader_counts_its_terms_released_elsewhere_and_lost() {
     let election = LeaderElection::builder(Arc::new(locks.clone()), &name)
         .retry_interval(Duration::from_millis(100))
         .meter(pipeline.meter())
-        .start();
+        .build()
+        .expect("within the runtime");
     let mut state = election.subscribe();
     let key = election.key().clone();
 

@@ -46,7 +46,7 @@ async fn tries_and_unlocks_queued_on_one_session_share_round_trips_and_keep_thei
     let mut guards = Vec::new();
     for (n, answer) in answers.into_iter().enumerate() {
         let answer = answer.expect("a try gets an answer, not an error");
-        let guard = answer.into_guard();
+        let guard = answer.into_handle();
         assert_eq!(guard.is_none(), n % 10 == 0, "key {n}: {guard:?}");
         guards.extend(guard);
     }

@@ -11,7 +11,7 @@ mod common;
 use std::time::Duration;
 
 use common::{app_name, key, observer, pool_named};
-use pglock::{Error, InMemoryLockManager, LockGuard, LockManager, PostgresLockManager};
+use pglock::{Error, InMemoryLockManager, LockGuard, PostgresLockManager};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 
@@ -62,7 +62,7 @@ async fn take_keys(
     for i in 0..keys {
         match locks.try_acquire(format!("{label}:{i}")).await {
             Ok(pglock::Attempt::Acquired(guard)) => guards.push(guard),
-            Ok(pglock::Attempt::Busy) => panic!("{label}:{i} is held by no one else"),
+            Ok(_busy) => panic!("{label}:{i} is held by no one else"),
             Err(err) => return (guards, Some(err)),
         }
     }
@@ -269,7 +269,7 @@ async fn the_in_memory_manager_keeps_a_budget_for_unit_tests() {
         .try_acquire("b")
         .await
         .expect("b")
-        .into_guard()
+        .into_handle()
         .expect("free");
     let err = locks.try_acquire("c").await.expect_err("over budget");
     assert!(

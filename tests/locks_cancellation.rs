@@ -16,7 +16,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use common::{app_name, assert_pool_clean, eventually, key, lock_rows, observer, pool_named};
-use pglock::{InMemoryLockManager, InMemoryLockServer, LockManager, PostgresLockManager, lock_id};
+use pglock::{InMemoryLockManager, InMemoryLockServer, PostgresLockManager, lock_id};
 use pglock_testing::{Stage, pause_at};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -375,7 +375,7 @@ async fn in_memory_operations_cancelled_at_each_stage() {
                     .try_acquire(&key)
                     .await
                     .expect("try")
-                    .into_guard()
+                    .into_handle()
                     .is_some()
             );
         }

@@ -19,7 +19,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use common::{app_name, assert_pool_clean, eventually, key, lock_rows, observer};
-use pglock::{Error, LockManager, LossCause, PostgresLockManager, lock_id};
+use pglock::{Error, LossCause, PostgresLockManager, lock_id};
 
 const TASKS_PER_MANAGER: usize = 6;
 const KEYS: usize = 4;

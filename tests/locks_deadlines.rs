@@ -11,7 +11,7 @@ mod common;
 use std::time::Duration;
 
 use common::{app_name, key, pool_named};
-use pglock::{Error, LockManager, PostgresLockManager};
+use pglock::{Error, PostgresLockManager};
 use sqlx::postgres::PgPoolOptions;
 use tokio::time::Instant;
 

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::{app_name, key, manager_named};
-use pglock::{Error, LockManager, PostgresLockManager};
+use pglock::{Error, PostgresLockManager};
 use pglock_testing::TempPostgres;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgConnection};
@@ -210,7 +210,7 @@ async fn pool_exhaustion_is_a_typed_error_within_the_deadline() {
             .try_acquire(&other)
             .await
             .expect("try")
-            .into_guard()
+            .into_handle()
             .is_none()
     );
     drop(busy);

@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::{
     app_name, assert_pool_clean, key, lock_rows, manager_named, observer, pool_named, sessions_of,
 };
-use pglock::{LockManager, PostgresLockManager, lock_id, split_lock_id};
+use pglock::{PostgresLockManager, lock_id, split_lock_id};
 
 #[tokio::test]
 async fn two_managers_exclude_each_other() {
@@ -25,7 +25,7 @@ async fn two_managers_exclude_each_other() {
         b.try_acquire(&key)
             .await
             .expect("try")
-            .into_guard()
+            .into_handle()
             .is_none()
     );
     let err = b
@@ -60,7 +60,7 @@ async fn clones_are_one_holder_and_separate_managers_are_two() {
             .try_acquire(&key)
             .await
             .expect("try")
-            .into_guard()
+            .into_handle()
             .is_none()
     );
     same.release(&key).await.expect("a clone may release it");

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::stages::StageCounts;
 use common::{app_name, key, lock_rows, observer, pool_named};
-use pglock::{LockManager, PostgresLockManager, lock_id};
+use pglock::{PostgresLockManager, lock_id};
 use pglock_testing::Stage;
 use sqlx::PgPool;
 use tokio::time::Instant;
@@ -157,7 +157,7 @@ async fn a_handoff_from_a_session_the_server_ended_confirms_nothing() {
         .try_acquire(&key)
         .await
         .expect("try")
-        .into_guard()
+        .into_handle()
         .expect("the server freed the lock with its session");
 
     let released = first.release().await;

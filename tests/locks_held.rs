@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use pglock::{HeldLock, InMemoryLockManager, LockManager, LockMode};
+use pglock::{HeldLock, InMemoryLockManager, LockMode};
 use tokio::time::advance;
 
 /// The listing as (key, mode, held for).

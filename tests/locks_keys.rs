@@ -50,7 +50,7 @@ async fn sqlx_advisory_locks_and_pglock_exclude_each_other() {
                 .try_acquire(key.clone())
                 .await
                 .expect("try")
-                .into_guard()
+                .into_handle()
                 .is_none(),
             "{key}"
         );
@@ -118,7 +118,7 @@ async fn raw_ids_and_pairs_contend_with_hand_written_sql() {
                 .try_acquire(key.clone())
                 .await
                 .expect("try")
-                .into_guard()
+                .into_handle()
                 .is_none(),
             "{key}"
         );

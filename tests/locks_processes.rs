@@ -196,7 +196,7 @@ async fn a_holder_process_that_exits_without_releasing_frees_the_lock() {
         next.try_acquire(&key)
             .await
             .expect("try")
-            .into_guard()
+            .into_handle()
             .is_none(),
         "the child holds it"
     );
@@ -221,7 +221,7 @@ async fn a_killed_holder_process_frees_the_lock() {
         next.try_acquire(&key)
             .await
             .expect("try")
-            .into_guard()
+            .into_handle()
             .is_none(),
         "the child holds it"
     );

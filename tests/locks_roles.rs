@@ -15,7 +15,7 @@ use common::roles::Sandbox;
 use std::sync::Arc;
 
 use pglock::schedule::{self, PostgresJobStore, RunOutcome, ScheduledJob};
-use pglock::{Error, FencingTable, LockManager, LockManagerExt, PostgresLockManager};
+use pglock::{Error, FencingTable, PostgresLockManager};
 
 const BOUND: Duration = Duration::from_secs(10);
 

@@ -19,7 +19,7 @@ use common::proxy::Proxy;
 use common::{
     app_name, eventually, key, lock_rows, manager_named, observer, pool_named, sessions_of,
 };
-use pglock::{Error, FencingTable, LockGuard, LockManager, PostgresLockManager, lock_id};
+use pglock::{Error, FencingTable, LockGuard, PostgresLockManager, lock_id};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 

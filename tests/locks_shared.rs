@@ -48,7 +48,7 @@ async fn sharers_coexist_and_exclude_an_exclusive_holder(holders: &[Arc<dyn Lock
         c.try_acquire(&key)
             .await
             .expect("try")
-            .into_guard()
+            .into_handle()
             .is_none()
     );
     let err = c.acquire(&key, SHORT).await.expect_err("sharers exclude c");
@@ -67,7 +67,7 @@ async fn sharers_coexist_and_exclude_an_exclusive_holder(holders: &[Arc<dyn Lock
         a.try_acquire_shared(&key)
             .await
             .expect("try")
-            .into_guard()
+            .into_handle()
             .is_none()
     );
     assert!(

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::stream::{self, FuturesUnordered, StreamExt};
-use pglock::{Error, LockManager, LockManagerExt, PostgresLockManager};
+use pglock::{Error, PostgresLockManager};
 
 const BOUND: Duration = Duration::from_secs(10);
 

@@ -6,10 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{app_name, eventually, key, lock_rows, observer, pool_named};
-use pglock::{
-    Error, InMemoryLockManager, LockManager, LockManagerExt, LossCause, PostgresLockManager,
-    lock_id,
-};
+use pglock::{Error, InMemoryLockManager, LossCause, PostgresLockManager, lock_id};
 use sqlx::PgPool;
 use tokio::time::Instant;
 
@@ -340,7 +337,7 @@ async fn the_in_memory_manager_can_simulate_a_loss() {
             .try_acquire(&key)
             .await
             .expect("try")
-            .into_guard()
+            .into_handle()
             .is_some(),
         "the lock was freed"
     );

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::proxy::Proxy;
 use common::{app_name, key, lock_rows, observer, pool_named};
-use pglock::{Error, LockManager, LossCause, PostgresLockManager, lock_id};
+use pglock::{Error, LossCause, PostgresLockManager, lock_id};
 use pglock_testing::TempPostgres;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;

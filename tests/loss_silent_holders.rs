@@ -18,10 +18,7 @@ use common::clock::now_us;
 use common::proxy::Proxy;
 use common::{key, lock_rows, observer, pool_named};
 use pglock::fence::Error as FenceError;
-use pglock::{
-    Error, FencingTable, LockManager, LockManagerExt, LossCause, PostgresLockManager, RowFence,
-    lock_id,
-};
+use pglock::{Error, FencingTable, LossCause, PostgresLockManager, RowFence, lock_id};
 use rustix::process::{Pid, Signal, kill_process};
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio::time::Instant;

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::{app_name, key, lock_rows};
-use pglock::{Error, LockManager, lock_id};
+use pglock::{Error, lock_id};
 use pglock_testing::TempPostgres;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};

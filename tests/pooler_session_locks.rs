@@ -101,7 +101,7 @@ async fn the_lock_is_shared_with_every_client_of_its_server_connection() {
             .try_acquire(&name)
             .await
             .expect("try")
-            .into_guard()
+            .into_handle()
             .is_none(),
         "a direct client is refused"
     );
@@ -168,7 +168,7 @@ async fn the_unlock_can_land_on_another_server_connection_and_the_lock_stays() {
             .try_acquire(&name)
             .await
             .expect("try")
-            .into_guard()
+            .into_handle()
             .is_none(),
         "and it excludes everyone else"
     );

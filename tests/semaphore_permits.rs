@@ -26,7 +26,9 @@ async fn manager(label: &str, connections: u32) -> PostgresLockManager {
 
 fn semaphore(locks: PostgresLockManager, name: &str, permits: usize) -> Semaphore {
     let locks: Arc<dyn LockManager> = Arc::new(locks);
-    Semaphore::new(locks, name, permits).expect("a valid semaphore")
+    Semaphore::builder(locks, name, permits)
+        .build()
+        .expect("a valid semaphore")
 }
 
 /// Six callers on three managers take and give back two permits as fast as they can; a
@@ -126,7 +128,7 @@ async fn permits_go_in_arrival_order() {
         let turnstile = pglock::LockKey::name(Semaphore::turnstile_key(&name));
         common::eventually("the caller is in line", || async {
             if caller == 0 {
-                locks.holds(&turnstile).await
+                locks.is_held(&turnstile).await
             } else {
                 queued_behind(&observer, &tag).await
             }
@@ -287,7 +289,7 @@ async fn a_shutdown_through_select_leaves_nothing_behind() {
     }
     let turnstile = pglock::LockKey::name(Semaphore::turnstile_key(semaphore.name()));
     common::eventually("a waiter stands at the turnstile", || {
-        locks.holds(&turnstile)
+        locks.is_held(&turnstile)
     })
     .await;
     shutdown.cancel();

@@ -64,7 +64,7 @@ async fn postgres_manager_records_waits_outcomes_held_locks_and_losses() {
             .try_acquire(c)
             .await
             .expect("try")
-            .into_guard()
+            .into_handle()
             .is_none()
     );
     guard_a.release().await.expect("release");

@@ -180,7 +180,7 @@ async fn spans_carry_the_documented_names_fields_and_outcomes() {
             a.try_acquire(&held)
                 .await
                 .expect("try_acquire")
-                .into_guard()
+                .into_handle()
                 .is_none()
         );
         other.release().await.expect("release");
@@ -382,7 +382,7 @@ async fn a_manager_built_with_tracing_off_emits_no_spans() {
             .try_acquire(&shared)
             .await
             .expect("try_acquire")
-            .into_guard()
+            .into_handle()
             .is_none()
     );
     other.release().await.expect("release");

@@ -62,7 +62,7 @@ async fn act_as_holder(spec: &str) {
                 .try_acquire(&key)
                 .await
                 .expect("try")
-                .into_guard()
+                .into_handle()
                 .expect("free"),
         ));
     }

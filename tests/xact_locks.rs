@@ -121,7 +121,7 @@ async fn transaction_and_session_locks_of_a_key_exclude_each_other() {
             .try_acquire(&name)
             .await
             .expect("try")
-            .into_guard()
+            .into_handle()
             .is_none(),
         "held by the transaction"
     );
@@ -131,7 +131,7 @@ async fn transaction_and_session_locks_of_a_key_exclude_each_other() {
             .try_acquire(&name)
             .await
             .expect("try")
-            .into_guard()
+            .into_handle()
             .is_some()
     );
 }

@@ -6,7 +6,7 @@
 //! [`Mode::BrokenLock`]: crate::spec::Mode::BrokenLock
 
 use async_trait::async_trait;
-use pglock::{AcquireOptions, HeldLock, LockGuard, LockKey, LockManager, LockMode, Result};
+use pglock::{AcquireOptions, Attempt, HeldLock, LockKey, LockManager, LockMode, Result};
 
 /// A manager that turns exclusive requests into shared ones (see the module docs).
 #[derive(Debug)]
@@ -14,17 +14,17 @@ pub struct ExclusiveAsShared<M>(pub M);
 
 #[async_trait]
 impl<M: LockManager> LockManager for ExclusiveAsShared<M> {
-    async fn lock(&self, key: &LockKey, options: AcquireOptions) -> Result<Option<LockGuard>> {
+    async fn acquire_key(&self, key: &LockKey, options: AcquireOptions) -> Result<Attempt> {
         let shared = AcquireOptions::new(LockMode::Shared, options.wait);
-        self.0.lock(key, shared).await
+        self.0.acquire_key(key, shared).await
     }
 
-    async fn unlock(&self, key: &LockKey) -> Result<()> {
-        self.0.unlock(key).await
+    async fn release_key(&self, key: &LockKey) -> Result<()> {
+        self.0.release_key(key).await
     }
 
-    async fn holds(&self, key: &LockKey) -> bool {
-        self.0.holds(key).await
+    async fn is_held_key(&self, key: &LockKey) -> bool {
+        self.0.is_held_key(key).await
     }
 
     async fn release_all(&self) -> Result<usize> {

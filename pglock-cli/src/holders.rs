@@ -5,6 +5,7 @@ use std::io::{IsTerminal, Write as _};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use pglock::LockTarget;
 use pglock::inspect::{Age, Inspector, LockReport, Session};
 use serde_json::{Value, json};
 
@@ -125,11 +126,17 @@ fn render(reports: &[LockReport], show: &Show) -> String {
 }
 
 fn report_json(report: &LockReport) -> Value {
+    let pair = match report.target {
+        LockTarget::IntPair(a, b) => Some([a, b]),
+        _ => None,
+    };
     json!({
         "lock_id": report.lock_id,
         "classid": report.classid,
         "objid": report.objid,
-        "key": report.key,
+        "objsubid": report.target.objsubid(),
+        "pair": pair,
+        "key": report.key.as_ref().map(ToString::to_string),
         "holders": report.holders.iter().map(session_json).collect::<Vec<_>>(),
         "waiters": report.waiters.iter().map(session_json).collect::<Vec<_>>(),
     })
@@ -218,14 +225,17 @@ pub(crate) fn table(reports: &[LockReport], filtered: bool) -> String {
 }
 
 pub(crate) fn heading(report: &LockReport) -> String {
-    let key = report
-        .key
-        .as_ref()
-        .map_or_else(|| "unknown".to_owned(), |key| format!("{key:?}"));
-    format!(
-        "lock {} (classid {}, objid {}), key {key}",
-        report.lock_id, report.classid, report.objid
-    )
+    let key = report.key.as_ref().map_or_else(
+        || "unknown".to_owned(),
+        |key| format!("{:?}", key.to_string()),
+    );
+    match report.target {
+        LockTarget::IntPair(a, b) => format!("lock pair ({a}, {b}) (objsubid 2), key {key}"),
+        _ => format!(
+            "lock {} (classid {}, objid {}), key {key}",
+            report.lock_id, report.classid, report.objid
+        ),
+    }
 }
 
 pub(crate) fn row(role: String, session: &Session) -> [String; 9] {

@@ -22,8 +22,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use pglock::FencingTable;
 use pglock::inspect::{DEFAULT_APPLICATION_NAME_PREFIX, Inspector, LockReport};
+use pglock::{FencingTable, LockKey};
 use serde_json::json;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -154,6 +154,15 @@ struct LockArgs {
         allow_negative_numbers = true
     )]
     lock_id: Option<i64>,
+    /// Only the two-integer lock A,B (pg_advisory_lock(int4, int4); objsubid 2 in pg_locks).
+    #[arg(
+        long = "pair",
+        value_name = "A,B",
+        conflicts_with_all = ["key", "lock_id"],
+        allow_negative_numbers = true,
+        value_parser = parse_pair
+    )]
+    pair: Option<(i32, i32)>,
     /// A key to name when its lock shows up; repeat for more.
     #[arg(long = "known-key", value_name = "KEY")]
     known_keys: Vec<String>,
@@ -192,7 +201,7 @@ impl Filters {
 /// What a report is about.
 #[derive(Debug, Clone)]
 enum Target {
-    Key(String),
+    Key(LockKey),
     Id(i64),
     All,
 }
@@ -214,10 +223,11 @@ impl Target {
 
 impl LockArgs {
     fn target(&self) -> Target {
-        match (&self.key, self.lock_id) {
-            (Some(key), _) => Target::Key(key.clone()),
-            (None, Some(id)) => Target::Id(id),
-            (None, None) => Target::All,
+        match (&self.key, self.lock_id, self.pair) {
+            (Some(key), _, _) => Target::Key(LockKey::name(key.as_str())),
+            (None, Some(id), _) => Target::Id(id),
+            (None, None, Some((a, b))) => Target::Key(LockKey::pair(a, b)),
+            (None, None, None) => Target::All,
         }
     }
 
@@ -232,6 +242,19 @@ impl LockArgs {
             None => inspector,
         }
     }
+}
+
+/// `A,B`: two 32-bit integers, the key of `pg_advisory_lock(int4, int4)`.
+fn parse_pair(text: &str) -> Result<(i32, i32), String> {
+    let (a, b) = text
+        .split_once(',')
+        .ok_or_else(|| format!("{text:?} is not a pair A,B"))?;
+    let half = |part: &str| {
+        part.trim()
+            .parse::<i32>()
+            .map_err(|err| format!("{part:?} in {text:?} is not a 32-bit integer: {err}"))
+    };
+    Ok((half(a)?, half(b)?))
 }
 
 fn parse_fencing_table(name: &str) -> Result<FencingTable, String> {

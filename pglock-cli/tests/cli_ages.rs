@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::cli::{output, pglock_on_db, stderr, stdout};
 use common::{hold, keep_busy, key, one_session_manager, unique_fencing_table_name};
-use pglock::{FencingTable, LockManager};
+use pglock::FencingTable;
 use serde_json::Value;
 use tokio::time::Instant;
 

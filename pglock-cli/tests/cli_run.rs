@@ -70,7 +70,7 @@ async fn the_command_runs_under_the_lock_and_its_exit_status_comes_back() {
             .try_acquire(&key)
             .await
             .expect("try")
-            .into_guard()
+            .into_handle()
             .is_none(),
         "held"
     );

@@ -278,7 +278,6 @@ async fn postgres_dropped_while_draining_writes_changes_nothing() {
 /// section (parked in its lag check): the cutover stops there, rolls back, and reports why.
 #[tokio::test]
 async fn a_cutover_whose_lock_is_lost_stops_and_rolls_back() {
-    use pglock::LockManager;
     use pglock_migration::CutoverFailure;
     use std::sync::Arc;
 
@@ -328,7 +327,6 @@ async fn a_cutover_whose_lock_is_lost_stops_and_rolls_back() {
 /// there and rolls back.
 #[tokio::test]
 async fn a_cutover_whose_lock_is_released_through_the_manager_stops_and_rolls_back() {
-    use pglock::LockManager;
     use pglock_migration::CutoverFailure;
     use std::sync::Arc;
 

@@ -433,7 +433,7 @@ async fn memory_the_cutover_waits_for_a_writer_inside_the_gate() {
                 probe.release().await.unwrap();
                 false
             }
-            pglock::Attempt::Busy => true,
+            _busy => true,
         }
     })
     .await;

@@ -6,7 +6,6 @@
 //! | --- | --- |
 //! | `mod.rs` | the backend interface, the acquisition paths |
 //! | `registry.rs` | held locks: register, list, release, release all, declare lost |
-//! | `direct.rs` | the acquisitions behind the managers' inherent methods, which skip the port's boxing |
 //! | `guard.rs` | a guard's handle on its registry entry |
 //! | `turn.rs` | the per-key FIFO queue of one manager's tasks, and the in-process handoff |
 //! | `slots.rs` | the table of per-key queues, which forgets keys nobody waits for |
@@ -16,7 +15,6 @@
 
 mod budget;
 mod cycles;
-mod direct;
 mod guard;
 mod options;
 mod registry;
@@ -37,7 +35,7 @@ pub(crate) use self::budget::Budget;
 use self::budget::Slot;
 pub(crate) use self::cycles::Waits;
 pub(crate) use self::guard::CoreGuard;
-pub(crate) use self::options::{CommonOptions, HandoffLimits, Options, telemetry_setters};
+pub(crate) use self::options::{CommonOptions, HandoffLimits, Options};
 pub(crate) use self::registry::Watched;
 use self::registry::{Granted, State};
 #[cfg(test)]

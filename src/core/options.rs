@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use super::Budget;
 use crate::hooks::StageHook;
-use crate::telemetry::instruments::{MeterChoice, Metrics};
+use crate::telemetry::Telemetry;
+use crate::telemetry::instruments::Metrics;
 
 pub(crate) struct Options {
     pub(crate) metrics: Metrics,
@@ -39,22 +40,11 @@ impl HandoffLimits {
 }
 
 /// What every manager's builder takes: who the holder is, its telemetry, its budget.
+#[derive(Default)]
 pub(crate) struct CommonOptions {
     pub(crate) holder_id: Option<String>,
-    pub(crate) tracing: bool,
-    pub(crate) meter: MeterChoice,
+    pub(crate) telemetry: Telemetry,
     pub(crate) lock_budget: Option<usize>,
-}
-
-impl Default for CommonOptions {
-    fn default() -> Self {
-        CommonOptions {
-            holder_id: None,
-            tracing: true,
-            meter: MeterChoice::default(),
-            lock_budget: None,
-        }
-    }
 }
 
 impl CommonOptions {
@@ -64,13 +54,13 @@ impl CommonOptions {
         let holder_id = self
             .holder_id
             .unwrap_or_else(crate::identity::default_holder_id);
-        let metrics = Metrics::build(self.meter, &holder_id);
+        let metrics = Metrics::build(self.telemetry.meter, &holder_id);
         let hooks = crate::hooks::current();
         Options {
             budget: Budget::new(self.lock_budget, metrics.clone()),
             metrics,
             holder_id: holder_id.into(),
-            tracing: self.tracing,
+            tracing: self.telemetry.tracing,
             hook: hooks.stage,
             handoff,
             defer_drops: hooks.defer_guard_drops,
@@ -83,50 +73,8 @@ impl std::fmt::Debug for CommonOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CommonOptions")
             .field("holder_id", &self.holder_id)
-            .field("tracing", &self.tracing)
+            .field("tracing", &self.telemetry.tracing)
             .field("lock_budget", &self.lock_budget)
             .finish_non_exhaustive()
     }
 }
-
-/// The setters every manager's builder has, meaning the same on each: spans and metrics.
-/// Expands inside the builder's `impl` block; the builder keeps a `common: CommonOptions`.
-macro_rules! telemetry_setters {
-    () => {
-        /// Whether to emit the [`telemetry`](crate::telemetry) spans. Default: on.
-        pub fn tracing(mut self, enabled: bool) -> Self {
-            self.common.tracing = enabled;
-            self
-        }
-
-        /// Records the [metrics](crate::telemetry::metrics) through `meter`. Default:
-        /// `opentelemetry::global::meter("pglock")`.
-        #[cfg(feature = "metrics")]
-        #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-        pub fn meter(mut self, meter: opentelemetry::metrics::Meter) -> Self {
-            self.common.meter.meter = Some(meter);
-            self
-        }
-
-        /// Whether to record the [metrics](crate::telemetry::metrics). Off, the manager makes no
-        /// instruments and reads the clock only for deadlines (and for spans a subscriber wants),
-        /// as it does without the `metrics` feature. Default: on.
-        #[cfg(feature = "metrics")]
-        #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-        pub fn metrics(mut self, enabled: bool) -> Self {
-            self.common.meter.disabled = !enabled;
-            self
-        }
-
-        /// Puts the holder id on every metric series as the `pglock.holder_id` attribute. Turn it
-        /// on only when holder ids are few and stable: each distinct id is a new set of series
-        /// (see [`telemetry::metrics`](crate::telemetry::metrics#cardinality)). Default: off.
-        #[cfg(feature = "metrics")]
-        #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-        pub fn metrics_holder_id(mut self, enabled: bool) -> Self {
-            self.common.meter.holder_id = enabled;
-            self
-        }
-    };
-}
-pub(crate) use telemetry_setters;

@@ -16,7 +16,7 @@
 //!     .known_keys(["leader:orders", "rebuild:orders"])
 //!     .fencing_table(FencingTable::default());
 //! for lock in inspector.all().await? {
-//!     let name = lock.key.as_deref().unwrap_or("(unknown key)");
+//!     let name = lock.key_name().unwrap_or("(unknown key)");
 //!     for holder in &lock.holders {
 //!         let at_least = if holder.age == Some(Age::AtLeast) { "at least " } else { "" };
 //!         println!("{name} held by pid {:?} ({:?}) for {at_least}{:?}",
@@ -34,21 +34,22 @@
 //! * **Advisory locks of the current database only.** The advisory lock space is per database;
 //!   locks other databases of the same server hold (or wait for) never conflict with these and
 //!   are left out.
-//! * **Single-`bigint` locks only** (`pg_advisory_lock(bigint)` and its shared, `try` and
-//!   transaction-scoped forms: `objsubid = 1` in `pg_locks`): the locks of names, ids and
-//!   sqlx-derived keys. Locks taken with the two-`int4` forms (`pg_advisory_lock(int4, int4)`,
-//!   `objsubid = 2`, pglock's [`LockKey::pair`](crate::LockKey::pair) keys among them) are not
-//!   listed yet; they live in a separate lock space that never conflicts with the first.
+//! * **Both key spaces**: the single-`bigint` locks (`pg_advisory_lock(bigint)` and its
+//!   shared, `try` and transaction-scoped forms, `objsubid = 1` in `pg_locks`: the locks of
+//!   names, ids and sqlx-derived keys) and the two-`int4` ones (`pg_advisory_lock(int4,
+//!   int4)`, `objsubid = 2`: [`LockKey::pair`](crate::LockKey::pair) keys). Each report's
+//!   [`target`](LockReport::target) says which; the two spaces never conflict, even where a
+//!   pair and an id pack to the same number.
 //! * **Sessions, not tasks.** Waiters are server sessions, in the server's queue order; tasks
 //!   queued inside a manager behind their own process's holder or waiter are not listed.
-//! * Single-`bigint` locks of other software are listed (they share pglock's lock space, so a
+//! * Advisory locks of other software are listed (they share pglock's lock spaces, so a
 //!   colliding id does contend); their [`key`](LockReport::key) is `None` unless you name it.
 //!
 //! # Keys
 //!
 //! The server only ever sees lock ids, never keys (see [`lock_id`]). A report carries a key
 //! when the caller knows it: the key asked for with [`Inspector::key`], or one of the
-//! [`known_keys`](Inspector::known_keys) whose [`lock_id`] matches.
+//! [`known_keys`](Inspector::known_keys) with the same lock target.
 //!
 //! # Holder ids
 //!
@@ -142,28 +143,71 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
 
 #[cfg(doc)]
-use crate::LockKey;
-use crate::{FencingTable, LockMode, lock_id, split_lock_id};
+use crate::lock_id;
+use crate::{FencingTable, LockKey, LockMode, LockTarget, split_lock_id};
 
 mod granted;
 
 /// A `Result` whose error is the inspection [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// An inspection query could not be run: the server could not be reached, or refused it.
+/// Why an inspection failed. Inspections only read, so a failure leaves nothing behind; try
+/// again later.
 #[derive(Debug, thiserror::Error)]
-#[error("Lock inspection failed{}: {source}", for_key(.key))]
 #[non_exhaustive]
-pub struct Error {
+pub enum Error {
+    /// No connection could be had from the pool, or it broke: the server is unreachable,
+    /// restarting, or the pool is exhausted or closed.
+    #[error("Lock inspection failed{}: no connection: {source}", for_key(.key))]
+    Connection {
+        /// The key that was inspected, when one was.
+        key: Option<LockKey>,
+        /// The driver error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The server refused the inspection's query, or answered it in a way the inspector could
+    /// not read.
+    #[error("Lock inspection failed{}: {source}", for_key(.key))]
+    Query {
+        /// The key that was inspected, when one was.
+        key: Option<LockKey>,
+        /// The driver error.
+        #[source]
+        source: sqlx::Error,
+    },
+}
+
+impl Error {
+    /// `source` as one of the kinds: the connection, or the query.
+    fn new(key: Option<LockKey>, source: sqlx::Error) -> Self {
+        let connection = match &source {
+            // The session ended, or the server is going away (SQLSTATE classes 08 and 57P).
+            sqlx::Error::Database(_) => crate::sql::errors::breaks_connection(&source),
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed => true,
+            _ => false,
+        };
+        if connection {
+            Error::Connection { key, source }
+        } else {
+            Error::Query { key, source }
+        }
+    }
+
     /// The key that was inspected, when one was.
-    pub key: Option<String>,
-    /// The driver error.
-    #[source]
-    pub source: sqlx::Error,
+    pub fn key(&self) -> Option<&LockKey> {
+        match self {
+            Error::Connection { key, .. } | Error::Query { key, .. } => key.as_ref(),
+        }
+    }
 }
 
 /// ` for '{key}'`, or nothing.
-fn for_key(key: &Option<String>) -> String {
+fn for_key(key: &Option<LockKey>) -> String {
     key.as_ref()
         .map(|key| format!(" for '{key}'"))
         .unwrap_or_default()
@@ -173,15 +217,17 @@ fn for_key(key: &Option<String>) -> String {
 /// default of [`PostgresLockManagerBuilder::application_name_prefix`](crate::PostgresLockManagerBuilder::application_name_prefix).
 pub const DEFAULT_APPLICATION_NAME_PREFIX: &str = "pglock:";
 
-// One row per `pg_locks` entry: the advisory single-bigint locks of this database, each with
-// its session. `$1`/`$2` narrow it to one lock's (classid, objid), or are NULL for all.
+// One row per `pg_locks` entry: the advisory locks of this database (both key spaces), each
+// with its session. `$1`/`$2`/`$5` narrow it to one lock's (classid, objid, objsubid), or are
+// NULL for all.
 // `waitstart` is read through to_jsonb so the one statement also runs on PostgreSQL 13 and
 // older, where the column does not exist (there it reads NULL). `$3` is the fencing table, or
 // NULL, and `$4` its schema as given: whether it exists and may be read is asked here, so a
 // missing table costs no failed statement (nor a line in the server's log) per inspection.
 // `to_regclass` fails on a schema the role may not use, hence the USAGE check before it.
 const REPORT: &str = "\
-SELECT l.classid::int8 AS classid, l.objid::int8 AS objid, l.granted, \
+SELECT l.classid::int8 AS classid, l.objid::int8 AS objid, l.objsubid::int2 AS objsubid, \
+       l.granted, \
        l.mode = 'ShareLock' AS shared, l.pid, a.application_name, \
        host(a.client_addr) AS client_addr, a.client_port, a.backend_start, a.state, \
        CASE WHEN NOT l.granted THEN (to_jsonb(l) ->> 'waitstart')::timestamptz \
@@ -192,10 +238,12 @@ SELECT l.classid::int8 AS classid, l.objid::int8 AS objid, l.granted, \
             ELSE coalesce(has_table_privilege(to_regclass($3::text), 'SELECT'), false) \
        END AS grants_readable \
 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-WHERE l.locktype = 'advisory' AND l.objsubid = 1 \
+WHERE l.locktype = 'advisory' AND l.objsubid IN (1, 2) \
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-  AND ($1::int8 IS NULL OR (l.classid = $1::int8::oid AND l.objid = $2::int8::oid)) \
-ORDER BY l.classid, l.objid, l.granted DESC, since NULLS LAST, a.query_start NULLS LAST, l.pid";
+  AND ($1::int8 IS NULL OR (l.classid = $1::int8::oid AND l.objid = $2::int8::oid \
+       AND l.objsubid = $5::int2)) \
+ORDER BY l.objsubid, l.classid, l.objid, l.granted DESC, since NULLS LAST, \
+         a.query_start NULLS LAST, l.pid";
 
 /// Reads who holds and who waits for advisory locks. See the [module documentation](self).
 ///
@@ -204,7 +252,7 @@ ORDER BY l.classid, l.objid, l.granted DESC, since NULLS LAST, a.query_start NUL
 pub struct Inspector {
     pool: PgPool,
     prefix: Option<String>,
-    known: HashMap<i64, String>,
+    known: HashMap<LockTarget, LockKey>,
     fencing: Option<FencingTable>,
 }
 
@@ -222,26 +270,31 @@ impl Inspector {
         }
     }
 
-    /// Adds keys whose lock ids reports should map back to their keys. May be called again to
-    /// add more; if two known keys share a lock id, the first one added is kept.
+    /// Adds keys (of any kind) whose locks reports should map back to them. May be called
+    /// again to add more; if two known keys are the same lock, the first one added is kept.
     ///
     /// ```
+    /// use pglock::{LockKey, LockTarget};
     /// use pglock::inspect::Inspector;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// # let pool = sqlx::PgPool::connect_lazy("postgres://localhost/app").unwrap();
-    /// let inspector = Inspector::new(pool).known_keys(["leader:orders", "leader:billing"]);
+    /// let inspector = Inspector::new(pool)
+    ///     .known_keys(["leader:orders", "leader:billing"])
+    ///     .known_keys([LockKey::pair(7, 42)]);
     /// assert_eq!(inspector.known_key(pglock::lock_id("leader:orders")), Some("leader:orders"));
     /// assert_eq!(inspector.known_key(42), None);
+    /// let pair = inspector.known_target(LockTarget::IntPair(7, 42));
+    /// assert_eq!(pair, Some(&LockKey::pair(7, 42)));
     /// # }
     /// ```
     pub fn known_keys<I>(mut self, keys: I) -> Self
     where
         I: IntoIterator,
-        I::Item: Into<String>,
+        I::Item: Into<LockKey>,
     {
         for key in keys {
             let key = key.into();
-            self.known.entry(lock_id(&key)).or_insert(key);
+            self.known.entry(key.target()).or_insert(key);
         }
         self
     }
@@ -277,13 +330,22 @@ impl Inspector {
         self
     }
 
-    /// The known key whose lock id is `lock_id`, if any.
+    /// The name of the known key whose single-`bigint` lock id is `lock_id`, if any (a key
+    /// known by name or id; pair keys: [`known_target`](Self::known_target)).
     pub fn known_key(&self, lock_id: i64) -> Option<&str> {
-        self.known.get(&lock_id).map(String::as_str)
+        self.known
+            .get(&LockTarget::BigInt(lock_id))
+            .and_then(LockKey::as_name)
     }
 
-    /// Every single-`bigint` advisory lock of the database that is held or awaited, ordered
-    /// by `(classid, objid)`: one report per lock, its holders by [`since`](Session::since)
+    /// The known key of the lock `target`, in either key space, if any.
+    pub fn known_target(&self, target: LockTarget) -> Option<&LockKey> {
+        self.known.get(&target)
+    }
+
+    /// Every advisory lock of the database that is held or awaited, in both key spaces (the
+    /// single-`bigint` ones first), ordered by `(classid, objid)`: one report per lock, its
+    /// holders by [`since`](Session::since)
     /// (earliest first), its waiters in the server's queue order. Tasks queued inside a
     /// manager (behind their own process's holder or waiter) are not sessions and do not
     /// appear: a process counts once, whatever the number of its tasks waiting for the key.
@@ -299,11 +361,12 @@ impl Inspector {
     pub async fn all(&self) -> Result<Vec<LockReport>> {
         self.query(None)
             .await
-            .map_err(|source| Error { key: None, source })
+            .map_err(|source| Error::new(None, source))
     }
 
-    /// The holders and waiters of `key`'s lock. The report's [`key`](LockReport::key) is
-    /// `key`; both lists are empty when the lock is free.
+    /// The holders and waiters of `key`'s lock, a key of any kind (a name, an id, a pair). The
+    /// report's [`key`](LockReport::key) is `key`; both lists are empty when the lock is
+    /// free.
     ///
     /// # Errors
     ///
@@ -312,9 +375,10 @@ impl Inspector {
     /// # Cancel safety
     ///
     /// Cancel safe: the query only reads, so dropping the future leaves nothing behind.
-    pub async fn key(&self, key: &str) -> Result<LockReport> {
-        let mut report = self.one(lock_id(key), Some(key)).await?;
-        report.key = Some(key.to_owned());
+    pub async fn key(&self, key: impl Into<LockKey>) -> Result<LockReport> {
+        let key = key.into();
+        let mut report = self.one(key.target(), Some(&key)).await?;
+        report.key = Some(key);
         Ok(report)
     }
 
@@ -330,30 +394,32 @@ impl Inspector {
     ///
     /// Cancel safe: the query only reads, so dropping the future leaves nothing behind.
     pub async fn by_lock_id(&self, lock_id: i64) -> Result<LockReport> {
-        self.one(lock_id, self.known_key(lock_id)).await
+        let target = LockTarget::BigInt(lock_id);
+        self.one(target, self.known_target(target)).await
     }
 
-    async fn one(&self, lock_id: i64, key: Option<&str>) -> Result<LockReport> {
-        let found = self.query(Some(lock_id)).await.map_err(|source| Error {
-            key: key.map(str::to_owned),
-            source,
-        })?;
+    async fn one(&self, target: LockTarget, key: Option<&LockKey>) -> Result<LockReport> {
+        let found = self
+            .query(Some(target))
+            .await
+            .map_err(|source| Error::new(key.cloned(), source))?;
         Ok(found
             .into_iter()
             .next()
-            .unwrap_or_else(|| self.report(lock_id)))
+            .unwrap_or_else(|| self.report(target)))
     }
 
     async fn query(
         &self,
-        lock_id: Option<i64>,
+        target: Option<LockTarget>,
     ) -> std::result::Result<Vec<LockReport>, sqlx::Error> {
-        let halves = lock_id.map(split_lock_id);
+        let halves = target.map(|target| split_lock_id(target.packed()));
         let rows = sqlx::query(REPORT)
             .bind(halves.map(|(classid, _)| i64::from(classid)))
             .bind(halves.map(|(_, objid)| i64::from(objid)))
             .bind(self.fencing.as_ref().map(FencingTable::to_string))
             .bind(self.fencing.as_ref().and_then(|t| t.table().schema()))
+            .bind(target.map(LockTarget::objsubid))
             .fetch_all(&self.pool)
             .await?;
         let mut reports: Vec<LockReport> = Vec::new();
@@ -362,9 +428,13 @@ impl Inspector {
         for row in &rows {
             grants_readable |= row.try_get::<bool, _>("grants_readable")?;
             observed_at = Some(row.try_get::<DateTime<Utc>, _>("observed_at")?);
-            let id = join_lock_id(oid(row, "classid")?, oid(row, "objid")?);
-            if reports.last().is_none_or(|last| last.lock_id != id) {
-                reports.push(self.report(id));
+            let target = target_of(
+                oid(row, "classid")?,
+                oid(row, "objid")?,
+                row.try_get("objsubid")?,
+            );
+            if reports.last().is_none_or(|last| last.target != target) {
+                reports.push(self.report(target));
             }
             let session = self.session(row)?;
             let report = reports.last_mut().expect("pushed above");
@@ -382,13 +452,15 @@ impl Inspector {
         Ok(reports)
     }
 
-    fn report(&self, lock_id: i64) -> LockReport {
+    fn report(&self, target: LockTarget) -> LockReport {
+        let lock_id = target.packed();
         let (classid, objid) = split_lock_id(lock_id);
         LockReport {
             lock_id,
             classid,
             objid,
-            key: self.known_key(lock_id).map(str::to_owned),
+            target,
+            key: self.known_target(target).cloned(),
             holders: Vec::new(),
             waiters: Vec::new(),
         }
@@ -449,18 +521,32 @@ fn join_lock_id(classid: u32, objid: u32) -> i64 {
     ((u64::from(classid) << 32) | u64::from(objid)) as i64
 }
 
+/// The lock a `pg_locks` row of an advisory lock is about: a pair for `objsubid = 2`, a
+/// single `bigint` otherwise (the query reads only 1 and 2).
+fn target_of(classid: u32, objid: u32, objsubid: i16) -> LockTarget {
+    match objsubid {
+        2 => LockTarget::IntPair(classid as i32, objid as i32),
+        _ => LockTarget::BigInt(join_lock_id(classid, objid)),
+    }
+}
+
 /// One advisory lock: who holds it and who waits for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockReport {
-    /// The lock id, as [`lock_id`] derives it from a key.
+    /// The lock: a single `bigint` or a pair of `int4`s, in their own key spaces.
+    pub target: LockTarget,
+    /// The lock id, as [`lock_id`] derives it from a key; for a pair, the pair packed
+    /// ([`LockTarget::packed`]), as [`LockInfo::lock_id`](crate::LockInfo::lock_id) has it.
     pub lock_id: i64,
-    /// The high 32 bits of the lock id: `pg_locks.classid`.
+    /// The high 32 bits of the lock id (the first of a pair): `pg_locks.classid`.
     pub classid: u32,
-    /// The low 32 bits of the lock id: `pg_locks.objid`.
+    /// The low 32 bits of the lock id (the second of a pair): `pg_locks.objid`.
     pub objid: u32,
-    /// The key, when the caller named it or knew it (see [`Inspector::known_keys`]).
-    pub key: Option<String>,
+    /// The key, when the caller named it or knew it (see [`Inspector::known_keys`]). Compare
+    /// it with a name directly: `report.key == Some("leader:orders".into())`, or
+    /// [`key_name`](Self::key_name).
+    pub key: Option<LockKey>,
     /// The sessions that hold the lock: one, or any number of sharers. One session holding the
     /// lock in both modes is listed once per mode.
     pub holders: Vec<Session>,
@@ -469,6 +555,11 @@ pub struct LockReport {
 }
 
 impl LockReport {
+    /// The name of the report's key, when it is a named key.
+    pub fn key_name(&self) -> Option<&str> {
+        self.key.as_ref().and_then(LockKey::as_name)
+    }
+
     /// True when nobody holds or waits for the lock.
     pub fn is_free(&self) -> bool {
         self.holders.is_empty() && self.waiters.is_empty()
@@ -538,6 +629,7 @@ impl Age {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lock_id;
 
     #[test]
     fn holder_ids_are_what_follows_the_prefix() {
@@ -550,6 +642,14 @@ mod tests {
         assert_eq!(holder_id(Some("lk/"), Some("lk/w")).as_deref(), Some("w"));
         assert_eq!(holder_id(None, Some("pglock:w")), None);
         assert_eq!(holder_id(Some("pglock:"), None), None);
+    }
+
+    #[test]
+    fn pg_locks_rows_name_the_key_space_they_are_in() {
+        assert_eq!(target_of(0, 7, 1), LockTarget::BigInt(7));
+        assert_eq!(target_of(0, 7, 2), LockTarget::IntPair(0, 7));
+        let (classid, objid) = split_lock_id(LockTarget::IntPair(-1, -2).packed());
+        assert_eq!(target_of(classid, objid, 2), LockTarget::IntPair(-1, -2));
     }
 
     #[test]

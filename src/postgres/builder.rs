@@ -311,7 +311,7 @@ impl PostgresLockManagerBuilder {
         self
     }
 
-    crate::core::telemetry_setters!();
+    crate::telemetry::telemetry_setters!(common.telemetry);
 
     /// The heartbeat of the sessions: needed to report losses, and to keep sessions heard
     /// when the server ends silent ones. At least four pings fit in the silence timeout.

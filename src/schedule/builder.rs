@@ -7,7 +7,8 @@ use std::time::Duration;
 use super::{Error, Result};
 use super::{Inner, JobSpec, JobStore, ScheduledJob};
 use crate::LockManager;
-use crate::telemetry::instruments::{JobMetrics, MeterChoice};
+use crate::telemetry::Telemetry;
+use crate::telemetry::instruments::JobMetrics;
 
 /// The longest period or hold accepted: a hundred years.
 const LONGEST: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
@@ -28,7 +29,7 @@ pub struct ScheduledJobBuilder {
     pub(super) min_hold: Option<Duration>,
     pub(super) max_hold: Option<Duration>,
     pub(super) max_total_hold: Option<Duration>,
-    pub(super) meter: MeterChoice,
+    pub(super) telemetry: Telemetry,
 }
 
 impl ScheduledJobBuilder {
@@ -79,14 +80,7 @@ impl ScheduledJobBuilder {
         self
     }
 
-    /// Records the job's [metrics](crate::telemetry::metrics#scheduled-jobs) through `meter`.
-    /// Default: `opentelemetry::global::meter("pglock")`.
-    #[cfg(feature = "metrics")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-    pub fn meter(mut self, meter: opentelemetry::metrics::Meter) -> Self {
-        self.meter.meter = Some(meter);
-        self
-    }
+    crate::telemetry::telemetry_setters!(telemetry);
 
     /// Checks the settings and builds the job. Nothing touches the database yet.
     ///
@@ -111,7 +105,12 @@ impl ScheduledJobBuilder {
         Ok(ScheduledJob {
             inner: Arc::new(Inner {
                 key: format!("scheduled-job:{}", self.name).into(),
-                metrics: JobMetrics::build(self.meter, &self.name),
+                metrics: JobMetrics::build(
+                    self.telemetry.meter,
+                    &self.name,
+                    self.locks.holder_id(),
+                ),
+                tracing: self.telemetry.tracing,
                 spec: JobSpec {
                     name: self.name,
                     period,

@@ -72,3 +72,5 @@ pub enum Error {
         run: i64,
     },
 }
+
+crate::error::lock_error_conversions!(Error);

@@ -158,6 +158,7 @@ struct Inner {
     spec: JobSpec,
     key: LockKey,
     metrics: JobMetrics,
+    tracing: bool,
 }
 
 impl ScheduledJob {
@@ -182,7 +183,7 @@ impl ScheduledJob {
             min_hold: None,
             max_hold: None,
             max_total_hold: None,
-            meter: Default::default(),
+            telemetry: Default::default(),
         }
     }
 
@@ -241,15 +242,19 @@ impl ScheduledJob {
         Fut: Future<Output = T> + Send,
         T: Send,
     {
-        let span = tracing::info_span!(
-            names::RUN_SPAN,
-            { names::JOB } = %self.inner.spec.name,
-            { names::WINDOW_START } = Empty,
-            { names::RUN } = Empty,
-            { crate::telemetry::HOLDER_ID } = self.inner.locks.holder_id(),
-            { names::OUTCOME } = Empty,
-            otel.status_code = Empty,
-        );
+        let span = if self.inner.tracing {
+            tracing::info_span!(
+                names::RUN_SPAN,
+                { names::JOB } = %self.inner.spec.name,
+                { names::WINDOW_START } = Empty,
+                { names::RUN } = Empty,
+                { crate::telemetry::HOLDER_ID } = self.inner.locks.holder_id(),
+                { names::OUTCOME } = Empty,
+                otel.status_code = Empty,
+            )
+        } else {
+            Span::none()
+        };
         let mut record = RunRecord::new(span.clone(), &self.inner.metrics);
         let result = self.attempt(body, &span).instrument(span.clone()).await;
         record.finish(&result);

@@ -21,6 +21,67 @@
 pub(crate) mod instruments;
 pub(crate) mod spans;
 
+/// What every builder is told about telemetry: whether to emit spans, and which metrics to
+/// record. Set through [`telemetry_setters!`], the same four setters on every builder.
+pub(crate) struct Telemetry {
+    pub(crate) tracing: bool,
+    pub(crate) meter: instruments::MeterChoice,
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Telemetry {
+            tracing: true,
+            meter: instruments::MeterChoice::default(),
+        }
+    }
+}
+
+/// The telemetry setters of every builder (the managers', the leader election's, the
+/// scheduled job's, the semaphore's), meaning the same on each: spans and metrics. Expands
+/// inside the builder's `impl` block; `$($field).+` names the builder's [`Telemetry`].
+macro_rules! telemetry_setters {
+    ($($field:ident).+) => {
+        /// Whether to emit spans and events (their names: [`telemetry`](crate::telemetry)).
+        /// Default: on.
+        pub fn tracing(mut self, enabled: bool) -> Self {
+            self.$($field).+.tracing = enabled;
+            self
+        }
+
+        /// Records the [metrics](crate::telemetry::metrics) through `meter`. Default:
+        /// `opentelemetry::global::meter("pglock")`.
+        #[cfg(feature = "metrics")]
+        #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+        pub fn meter(mut self, meter: opentelemetry::metrics::Meter) -> Self {
+            self.$($field).+.meter.meter = Some(meter);
+            self
+        }
+
+        /// Whether to record the [metrics](crate::telemetry::metrics) at all. Off, no
+        /// instruments are made and the clock is read only for deadlines (and for spans a
+        /// subscriber wants), as without the `metrics` feature. Default: on.
+        #[cfg(feature = "metrics")]
+        #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+        pub fn metrics(mut self, enabled: bool) -> Self {
+            self.$($field).+.meter.disabled = !enabled;
+            self
+        }
+
+        /// Puts the holder id (the lock manager's) on every metric series as the
+        /// `pglock.holder_id` attribute. Turn it on only when holder ids are few and stable:
+        /// each distinct id is a new set of series (see
+        /// [`telemetry::metrics`](crate::telemetry::metrics#cardinality)). Default: off.
+        #[cfg(feature = "metrics")]
+        #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+        pub fn metrics_holder_id(mut self, enabled: bool) -> Self {
+            self.$($field).+.meter.holder_id = enabled;
+            self
+        }
+    };
+}
+pub(crate) use telemetry_setters;
+
 /// Records how an operation's span ended: the outcome it finished with, or
 /// [`outcome::CANCELLED`] when its future was dropped first.
 ///
@@ -145,7 +206,7 @@ pub mod via {
 }
 
 /// Names of the OpenTelemetry metrics recorded with the `metrics` feature: the lock managers',
-/// the leader elections' and the scheduled jobs'.
+/// the leader elections', the scheduled jobs' and the semaphores'.
 ///
 /// | instrument | kind | unit | attributes |
 /// | --- | --- | --- | --- |
@@ -163,11 +224,14 @@ pub mod via {
 /// | [`JOB_SKIPS`](metrics::JOB_SKIPS) | counter | | [`JOB`](job::JOB), [`REASON`](job::REASON) |
 /// | [`JOB_OVERRUNS`](metrics::JOB_OVERRUNS) | counter: bodies cut off at the end of their hold (the max hold, or later once extended) | | [`JOB`](job::JOB) |
 /// | [`JOB_EXTENSIONS`](metrics::JOB_EXTENSIONS) | counter | | [`JOB`](job::JOB), [`job::OUTCOME`] ([`job::extension`] values) |
+/// | [`SEMAPHORE_ACQUISITIONS`](metrics::SEMAPHORE_ACQUISITIONS) | counter: permits asked for | | [`SEMAPHORE`](semaphore::SEMAPHORE), [`OPERATION`](metrics::OPERATION), [`OUTCOME`] |
+/// | [`SEMAPHORE_WAIT`](metrics::SEMAPHORE_WAIT) | histogram: the wait for a permit | s | the same |
+/// | [`SEMAPHORE_HELD`](metrics::SEMAPHORE_HELD) | up-down counter: permits held through the process's handles | | [`SEMAPHORE`](semaphore::SEMAPHORE) |
 ///
 /// [`ALL`](metrics::ALL) lists the same, for code: dashboards and their tests check their
 /// queries against it.
 ///
-/// The managers, elections and jobs record through the meter given to their builders' `meter`
+/// The managers, elections, jobs and semaphores record through the meter given to their builders' `meter`
 /// method, or through `opentelemetry::global::meter("pglock")`, so installing a global
 /// `MeterProvider` is enough.
 ///
@@ -178,7 +242,7 @@ pub mod via {
 /// [`LossCause::as_str`](crate::LossCause::as_str), a stable machine-readable label, never a
 /// sentence. The holder id is left out by default: the generated one is unique per process and
 /// per manager, so with it every restart and every replica would open new series. Opt in with
-/// the builders' `metrics_holder_id(true)` (the managers' and the election's) when your holder
+/// the builders' `metrics_holder_id(true)` (every builder has it) when your holder
 /// ids are few and stable (pod names of a fixed set, say); every series of that manager or
 /// election then also carries [`HOLDER_ID`].
 ///
@@ -227,7 +291,7 @@ pub mod via {
 /// 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600).
 /// A view in your `MeterProvider` can replace them.
 pub mod metrics {
-    use super::{CAUSE, HOLDER_ID, MODE, OUTCOME, job, leader};
+    use super::{CAUSE, HOLDER_ID, MODE, OUTCOME, job, leader, semaphore};
 
     /// Histogram of the time acquisitions spent waiting, in seconds.
     pub const ACQUIRE_WAIT: &str = "pglock.acquire.wait";
@@ -260,11 +324,19 @@ pub mod metrics {
     /// Counter of requests to extend a running job's hold, by [`job::OUTCOME`] (one of the
     /// [`job::extension`] values).
     pub const JOB_EXTENSIONS: &str = "pglock.job.extensions";
+    /// Counter of semaphore permits asked for, by [`OPERATION`] and [`OUTCOME`].
+    pub const SEMAPHORE_ACQUISITIONS: &str = "pglock.semaphore.acquisitions";
+    /// Histogram, in seconds, of the wait for a semaphore permit, by [`OPERATION`] and
+    /// [`OUTCOME`].
+    pub const SEMAPHORE_WAIT: &str = "pglock.semaphore.wait";
+    /// Up-down counter of the permits held right now through the process's handles (leaked
+    /// permits are the manager's, and no longer counted).
+    pub const SEMAPHORE_HELD: &str = "pglock.semaphore.permits.held";
     /// Attribute: which operation, [`ACQUIRE`] or [`TRY_ACQUIRE`].
     pub const OPERATION: &str = "pglock.operation";
-    /// `acquire` and `acquire_shared`.
+    /// `acquire` and `acquire_shared`; a semaphore's `acquire`.
     pub const ACQUIRE: &str = "acquire";
-    /// `try_acquire` and `try_acquire_shared`.
+    /// `try_acquire` and `try_acquire_shared`; a semaphore's `try_acquire`.
     pub const TRY_ACQUIRE: &str = "try_acquire";
 
     /// The kind of an OpenTelemetry instrument, which decides how exporters aggregate and name
@@ -312,7 +384,7 @@ pub mod metrics {
 
     const SECONDS: Option<&str> = Some("s");
 
-    /// Every metric of the crate, the managers', elections' and jobs'.
+    /// Every metric of the crate, the managers', elections', jobs' and semaphores'.
     pub const ALL: &[Instrument] = &[
         instrument(
             ACQUIRE_WAIT,
@@ -354,14 +426,42 @@ pub mod metrics {
             SECONDS,
             &[leader::ELECTION, HOLDER_ID],
         ),
-        instrument(JOB_RUNS, Kind::Counter, None, &[job::JOB, job::OUTCOME]),
-        instrument(JOB_SKIPS, Kind::Counter, None, &[job::JOB, job::REASON]),
-        instrument(JOB_OVERRUNS, Kind::Counter, None, &[job::JOB]),
+        instrument(
+            JOB_RUNS,
+            Kind::Counter,
+            None,
+            &[job::JOB, job::OUTCOME, HOLDER_ID],
+        ),
+        instrument(
+            JOB_SKIPS,
+            Kind::Counter,
+            None,
+            &[job::JOB, job::REASON, HOLDER_ID],
+        ),
+        instrument(JOB_OVERRUNS, Kind::Counter, None, &[job::JOB, HOLDER_ID]),
         instrument(
             JOB_EXTENSIONS,
             Kind::Counter,
             None,
-            &[job::JOB, job::OUTCOME],
+            &[job::JOB, job::OUTCOME, HOLDER_ID],
+        ),
+        instrument(
+            SEMAPHORE_ACQUISITIONS,
+            Kind::Counter,
+            None,
+            &[semaphore::SEMAPHORE, OPERATION, OUTCOME, HOLDER_ID],
+        ),
+        instrument(
+            SEMAPHORE_WAIT,
+            Kind::Histogram,
+            SECONDS,
+            &[semaphore::SEMAPHORE, OPERATION, OUTCOME, HOLDER_ID],
+        ),
+        instrument(
+            SEMAPHORE_HELD,
+            Kind::UpDownCounter,
+            None,
+            &[semaphore::SEMAPHORE, HOLDER_ID],
         ),
     ];
 }
@@ -461,4 +561,29 @@ pub mod job {
         /// The hold was not extended.
         pub const REFUSED: &str = "refused";
     }
+}
+
+/// Names of the spans and fields emitted by [`Semaphore`](crate::semaphore::Semaphore).
+///
+/// | span | covers | fields |
+/// | --- | --- | --- |
+/// | [`ACQUIRE_SPAN`](semaphore::ACQUIRE_SPAN) | one `acquire` (or the acquisition of `with_permit`): the wait only | [`SEMAPHORE`](semaphore::SEMAPHORE), [`PERMITS`](semaphore::PERMITS), [`HOLDER_ID`], [`TIMEOUT_MS`] (absent when unbounded), [`OUTCOME`], [`WAITED_MS`], [`SLOT`](semaphore::SLOT) (when acquired) |
+/// | [`TRY_ACQUIRE_SPAN`](semaphore::TRY_ACQUIRE_SPAN) | one `try_acquire` (or `try_with_permit`'s) | the same, without [`TIMEOUT_MS`] |
+///
+/// [`OUTCOME`] is one of [`outcome`]'s `acquired`, `busy`, `timeout`, `error` or `cancelled`.
+/// The lock manager's own spans for the turnstile and the slots nest inside. Switch them off
+/// with [`SemaphoreBuilder::tracing`](crate::semaphore::SemaphoreBuilder::tracing).
+pub mod semaphore {
+    /// Span around the wait of one permit.
+    pub const ACQUIRE_SPAN: &str = "pglock.semaphore.acquire";
+    /// Span around one try for a permit.
+    pub const TRY_ACQUIRE_SPAN: &str = "pglock.semaphore.try_acquire";
+    /// Field and metric attribute: the semaphore's name, as given to
+    /// [`Semaphore::builder`](crate::semaphore::Semaphore::builder). Names are fixed by the
+    /// application's code, so series stay few.
+    pub const SEMAPHORE: &str = "pglock.semaphore";
+    /// Field: how many permits the semaphore has.
+    pub const PERMITS: &str = "pglock.semaphore.permits";
+    /// Field: the slot of the permit granted.
+    pub const SLOT: &str = "pglock.semaphore.slot";
 }

@@ -80,6 +80,50 @@ fn release_span(key: &LockKey, holder_id: &str, how: &'static str) -> Span {
     ))
 }
 
+/// The span of a semaphore's `acquire` (a `timeout`) or `try_acquire` (none).
+pub(crate) fn semaphore_span(
+    enabled: bool,
+    try_only: bool,
+    name: &str,
+    permits: usize,
+    timeout: Option<Duration>,
+    holder_id: &str,
+) -> Span {
+    if !wanted(enabled) {
+        return Span::none();
+    }
+    use telemetry::semaphore as names;
+    let span = if try_only {
+        tracing::info_span!(
+            names::TRY_ACQUIRE_SPAN,
+            { names::SEMAPHORE } = name,
+            { names::PERMITS } = permits,
+            { telemetry::HOLDER_ID } = holder_id,
+            { telemetry::OUTCOME } = Empty,
+            { telemetry::WAITED_MS } = Empty,
+            { names::SLOT } = Empty,
+            otel.status_code = Empty,
+        )
+    } else {
+        tracing::info_span!(
+            names::ACQUIRE_SPAN,
+            { names::SEMAPHORE } = name,
+            { names::PERMITS } = permits,
+            { telemetry::HOLDER_ID } = holder_id,
+            { telemetry::TIMEOUT_MS } = Empty,
+            { telemetry::OUTCOME } = Empty,
+            { telemetry::WAITED_MS } = Empty,
+            { names::SLOT } = Empty,
+            otel.status_code = Empty,
+        )
+    };
+    let span = only_if_wanted(span);
+    if let Some(timeout) = timeout {
+        span.record(telemetry::TIMEOUT_MS, duration_ms(timeout));
+    }
+    span
+}
+
 /// Whether the manager traces and any subscriber takes `INFO` spans at all: one atomic load,
 /// where making a span just to find it disabled costs a callsite check and, with `tracing`'s
 /// `log` feature (which sqlx turns on), a log record at its creation and drop.

@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use pglock::{LockGuard, LockManager, PostgresLockManager};
+use pglock::{LockGuard, PostgresLockManager};
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{
     PgAdvisoryLock, PgAdvisoryLockKey, PgConnectOptions, PgConnection, PgPoolOptions,

@@ -239,8 +239,8 @@ fn violation(key: &str, model: &str, ops: &KeyOps<'_>, search: &Search, origin_u
 fn describe(op: &Operation<LockCall>, (record, what): Source<'_>, origin_us: u64) -> String {
     let holder = record.holder.as_deref().unwrap_or(&record.process);
     let action = match op.input.action {
-        Action::Acquire(LockMode::Exclusive) => "acquire",
         Action::Acquire(LockMode::Shared) => "shared acquire",
+        Action::Acquire(_) => "acquire",
         Action::Refused(_) => "refused acquire",
         Action::Release => "release",
     };

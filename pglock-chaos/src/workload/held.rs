@@ -33,13 +33,13 @@ pub(super) enum Released {
 /// granted, `info` on an error or a timeout (the server may have granted it all the same).
 pub(super) async fn take(ctx: &Ctx, task: u32, key: &str, mode: LockMode) -> Result<Held, String> {
     let op = match mode {
-        LockMode::Exclusive => Op::Acquire,
         LockMode::Shared => Op::AcquireShared,
+        _ => Op::Acquire,
     };
     let mut record = ctx.emit.invoke(task, op, key);
     let acquired = match mode {
-        LockMode::Exclusive => ctx.locks.acquire(key, Some(ACQUIRE)).await,
         LockMode::Shared => ctx.locks.acquire_shared(key, Some(ACQUIRE)).await,
+        _ => ctx.locks.acquire(key, Some(ACQUIRE)).await,
     };
     match acquired {
         Ok(guard) => {

@@ -181,7 +181,8 @@ async fn term(ctx: &Ctx, task: u32, rng: &mut Rng) {
     let mut record = ctx.emit.invoke(task, Op::Term, names::LOG);
     let election = LeaderElection::builder(ctx.locks.clone(), names::LEADER)
         .retry_interval(Duration::from_millis(100))
-        .start();
+        .build()
+        .expect("within the runtime");
     let entries = rng.between(3, 10);
     let gap = Duration::from_millis(rng.between(20, 80));
     let progress = Shared::default();
@@ -237,7 +238,7 @@ async fn safe_term(
             tokio::time::sleep(gap).await;
         }
     };
-    match tokio::time::timeout(ELECTION, election.run_as_leader(work)).await {
+    match tokio::time::timeout(ELECTION, election.run_as_leader(None, work)).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(err)) => Err(err.to_string()),
         Err(_) => Err("not elected in time".to_owned()),
@@ -253,7 +254,7 @@ async fn unsafe_term(
     progress: &Shared,
     holder: &str,
 ) -> Result<(), String> {
-    let info = match tokio::time::timeout(ELECTION, election.wait_for_leadership()).await {
+    let info = match tokio::time::timeout(ELECTION, election.wait_for_leadership(None)).await {
         Ok(Ok(info)) => info,
         Ok(Err(err)) => return Err(err.to_string()),
         Err(_) => return Err("not elected in time".to_owned()),

@@ -151,7 +151,7 @@ impl super::CutoverManager {
         // before the release below.
         match self.locks.try_acquire(Self::lock_key(tenant_id)).await {
             Ok(pglock::Attempt::Acquired(probe)) => probe.release().await?,
-            Ok(pglock::Attempt::Busy) => return not_ready(NotReady::LockHeld),
+            Ok(_busy) => return not_ready(NotReady::LockHeld),
             // Asked from inside this process's own critical section on the cutover lock: held,
             // by this process, as for any other holder.
             Err(pglock::Error::Reentrant { .. }) => return not_ready(NotReady::LockHeld),

@@ -4,7 +4,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use async_trait::async_trait;
-use pglock::{AcquireOptions, GuardBackend, LockGuard, LockInfo, LockKey, LockManager, LossSignal};
+use pglock::{
+    AcquireOptions, Attempt, GuardBackend, LockGuard, LockInfo, LockKey, LockManager, LossSignal,
+};
 
 /// A lock manager that stamps a fencing token on every acquisition, strictly increasing
 /// across every manager sharing `counter`: the lock core's coming fencing, played by a
@@ -50,24 +52,17 @@ impl GuardBackend for Wrapped {
 
 #[async_trait]
 impl LockManager for Fenced {
-    async fn lock(
-        &self,
-        key: &LockKey,
-        options: AcquireOptions,
-    ) -> pglock::Result<Option<LockGuard>> {
-        Ok(self
-            .inner
-            .lock(key, options)
-            .await?
-            .map(|guard| self.wrap(guard)))
+    async fn acquire_key(&self, key: &LockKey, options: AcquireOptions) -> pglock::Result<Attempt> {
+        let attempt = self.inner.acquire_key(key, options).await?;
+        Ok(attempt.map(|guard| self.wrap(guard)))
     }
 
-    async fn unlock(&self, key: &LockKey) -> pglock::Result<()> {
-        self.inner.unlock(key).await
+    async fn release_key(&self, key: &LockKey) -> pglock::Result<()> {
+        self.inner.release_key(key).await
     }
 
-    async fn holds(&self, key: &LockKey) -> bool {
-        self.inner.holds(key).await
+    async fn is_held_key(&self, key: &LockKey) -> bool {
+        self.inner.is_held_key(key).await
     }
 
     async fn release_all(&self) -> pglock::Result<usize> {

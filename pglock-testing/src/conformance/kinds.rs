@@ -58,7 +58,7 @@ pub async fn a_manager_holds_a_key_once_in_either_mode(manager: &Manager) {
             .try_acquire_shared(&key)
             .await
             .expect("try")
-            .into_guard()
+            .into_handle()
             .is_none()
     );
     assert!(
@@ -66,7 +66,7 @@ pub async fn a_manager_holds_a_key_once_in_either_mode(manager: &Manager) {
             .try_acquire(&key)
             .await
             .expect("try")
-            .into_guard()
+            .into_handle()
             .is_none()
     );
     for mode in [LockMode::Shared, LockMode::Exclusive] {
@@ -84,7 +84,7 @@ pub async fn a_manager_holds_a_key_once_in_either_mode(manager: &Manager) {
             .try_acquire_shared(&key)
             .await
             .expect("try")
-            .into_guard()
+            .into_handle()
             .is_none()
     );
     let err = acquire_elsewhere(manager, &key, LockMode::Shared, short)
@@ -103,7 +103,7 @@ pub async fn try_acquire_hands_out_a_guard(manager: &Manager) {
         .try_acquire(key.as_str())
         .await
         .expect("try_acquire")
-        .into_guard()
+        .into_handle()
         .expect("a free key is granted");
     assert_eq!(guard.info().key, key.as_str());
     assert_eq!(guard.info().mode, LockMode::Exclusive);
@@ -113,7 +113,7 @@ pub async fn try_acquire_hands_out_a_guard(manager: &Manager) {
             .try_acquire(key.as_str())
             .await
             .expect("try")
-            .into_guard()
+            .into_handle()
             .is_none()
     );
     assert!(
@@ -121,7 +121,7 @@ pub async fn try_acquire_hands_out_a_guard(manager: &Manager) {
             .try_acquire_shared(key.as_str())
             .await
             .expect("try")
-            .into_guard()
+            .into_handle()
             .is_none()
     );
     drop(guard);
@@ -134,7 +134,7 @@ pub async fn try_acquire_hands_out_a_guard(manager: &Manager) {
         .try_acquire_shared(key.as_str())
         .await
         .expect("try")
-        .into_guard()
+        .into_handle()
         .expect("free again");
     shared.release().await.expect("release");
     assert_eq!(manager.held_lock_count(), 0);
@@ -203,7 +203,7 @@ pub async fn keys_of_every_kind_are_locks_of_their_own(manager: &Manager) {
             .try_acquire(keys[1].clone())
             .await
             .expect("try")
-            .into_guard()
+            .into_handle()
             .is_none()
     );
     manager

@@ -245,8 +245,8 @@ pub(crate) async fn acquire_elsewhere(
     let key = key.to_owned();
     elsewhere(manager, move |m| async move {
         match mode {
-            LockMode::Exclusive => m.acquire(key, timeout).await,
             LockMode::Shared => m.acquire_shared(key, timeout).await,
+            _ => m.acquire(key, timeout).await,
         }
     })
     .await

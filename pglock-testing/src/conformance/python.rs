@@ -77,13 +77,13 @@ pub async fn try_acquire_succeeds_on_a_free_key_and_fails_on_a_held_one(manager:
         .try_acquire(&key)
         .await
         .expect("try_acquire")
-        .into_guard()
+        .into_handle()
         .expect("a free key is granted");
     assert_eq!(guard.info().key, key.as_str());
     assert_eq!(&*guard.info().holder_id, manager.holder_id());
     let again = manager.try_acquire(&key).await.expect("try_acquire");
     assert!(
-        again.into_guard().is_none(),
+        again.into_handle().is_none(),
         "a held key is refused, even to its holder"
     );
     assert_eq!(

@@ -8,14 +8,16 @@ use std::task::Poll;
 use std::time::Duration;
 
 use pglock::semaphore::{self, Permit, Semaphore};
-use pglock::{Error, LockKey, LockManagerExt, LossCause};
+use pglock::{Attempt, Error, LockKey, LockManagerExt, LossCause};
 use tokio::time::Instant;
 
 use super::*;
 
 /// A semaphore of `permits` on `manager`, with a name no other run uses.
 fn semaphore(manager: &Manager, case: &str, permits: usize) -> Semaphore {
-    Semaphore::new(Arc::clone(manager), key(case), permits).expect("a valid semaphore")
+    Semaphore::builder(Arc::clone(manager), key(case), permits)
+        .build()
+        .expect("a valid semaphore")
 }
 
 /// The semaphore's turnstile, as a key.
@@ -78,7 +80,7 @@ pub async fn a_semaphore_hands_out_at_most_its_permits(manager: &Manager) {
     let mut permits = Vec::new();
     for _ in 0..3 {
         let permit = semaphore.try_acquire().await.expect("try_acquire");
-        permits.push(permit.expect("a free permit, at once"));
+        permits.push(permit.into_handle().expect("a free permit, at once"));
     }
     let mut slots: Vec<usize> = permits.iter().map(Permit::slot).collect();
     slots.sort_unstable();
@@ -89,7 +91,7 @@ pub async fn a_semaphore_hands_out_at_most_its_permits(manager: &Manager) {
         assert!(manager.is_held(slot_key).await, "a permit holds its slot");
     }
     assert!(
-        semaphore.try_acquire().await.expect("try").is_none(),
+        matches!(semaphore.try_acquire().await.expect("try"), Attempt::Busy),
         "a fourth permit of three"
     );
     assert_eq!(manager.held_lock_count(), 3, "the turnstile was let go");
@@ -97,14 +99,16 @@ pub async fn a_semaphore_hands_out_at_most_its_permits(manager: &Manager) {
     let given_back = permits.pop().expect("three permits");
     let slot = given_back.slot();
     given_back.release().await.expect("release");
-    let again = semaphore.try_acquire().await.expect("try");
+    let again = semaphore.try_acquire().await.expect("try").into_handle();
     assert_eq!(again.as_ref().map(Permit::slot), Some(slot));
     assert_eq!(manager.release_all().await.expect("release_all"), 3);
+    drop(again);
     assert!(matches!(
-        Semaphore::new(Arc::clone(manager), "none", 0),
+        Semaphore::builder(Arc::clone(manager), "none", 0).build(),
         Err(semaphore::Error::InvalidPermits { permits: 0, .. })
     ));
-    assert!(Semaphore::new(Arc::clone(manager), "many", Semaphore::MAX_PERMITS + 1).is_err());
+    let many = Semaphore::builder(Arc::clone(manager), "many", Semaphore::MAX_PERMITS + 1);
+    assert!(many.build().is_err());
 }
 
 /// A caller that waits stands at the turnstile and takes the next permit given back, whether
@@ -113,13 +117,18 @@ pub async fn a_semaphore_waiter_takes_the_next_permit_given_back(manager: &Manag
     let semaphore = semaphore(manager, "semaphore-waiter", 1);
     let line = turnstile(&semaphore);
     for dropped in [false, true] {
-        let permit = semaphore.try_acquire().await.expect("try").expect("free");
+        let permit = semaphore
+            .try_acquire()
+            .await
+            .expect("try")
+            .into_handle()
+            .expect("free");
         let waiter = {
             let semaphore = semaphore.clone();
             tokio::spawn(async move { semaphore.acquire(Some(EVENTUALLY)).await })
         };
         until("the waiter stands at the turnstile", || {
-            manager.holds(&line)
+            manager.is_held(&line)
         })
         .await;
         assert!(!waiter.is_finished(), "no permit is free yet");
@@ -133,7 +142,10 @@ pub async fn a_semaphore_waiter_takes_the_next_permit_given_back(manager: &Manag
             .expect("the waiter")
             .expect("the permit given back");
         assert_eq!(next.slot(), 0);
-        assert!(!manager.holds(&line).await, "the waiter left the turnstile");
+        assert!(
+            !manager.is_held(&line).await,
+            "the waiter left the turnstile"
+        );
         next.release().await.expect("release");
     }
     assert_eq!(manager.held_lock_count(), 0);
@@ -156,7 +168,7 @@ pub async fn a_semaphore_acquire_gives_up_at_its_deadline(manager: &Manager) {
             .expect_err("every permit is out");
         let elapsed = started.elapsed();
         match err {
-            semaphore::Error::Lock(Error::Timeout { key, timeout: told }) => {
+            Error::Timeout { key, timeout: told } => {
                 assert_eq!((key, told), (turnstile(&semaphore), timeout));
             }
             other => panic!("expected a timeout, got {other:?}"),
@@ -171,7 +183,7 @@ pub async fn a_semaphore_acquire_gives_up_at_its_deadline(manager: &Manager) {
         );
         // Past the deadline the turnstile is let go in the background.
         settled(manager, 2).await;
-        assert!(!manager.holds(&turnstile(&semaphore)).await);
+        assert!(!manager.is_held(&turnstile(&semaphore)).await);
     }
     drop(permits);
     settled(manager, 0).await;
@@ -207,7 +219,10 @@ pub async fn a_cancelled_semaphore_acquire_leaks_nothing(manager: &Manager) {
             tokio::spawn(async move { semaphore.acquire(None).await })
         })
         .collect();
-    until("a waiter stands at the turnstile", || manager.holds(&line)).await;
+    until("a waiter stands at the turnstile", || {
+        manager.is_held(&line)
+    })
+    .await;
     for waiter in waiters {
         waiter.abort();
         assert!(waiter.await.expect_err("aborted").is_cancelled());
@@ -222,7 +237,12 @@ pub async fn a_cancelled_semaphore_acquire_leaks_nothing(manager: &Manager) {
 /// A permit is told when its slot goes (here, `release_all`), and work it runs is cancelled.
 pub async fn a_permit_is_told_when_its_slot_is_taken_away(manager: &Manager) {
     let semaphore = semaphore(manager, "semaphore-loss", 1);
-    let permit = semaphore.try_acquire().await.expect("try").expect("free");
+    let permit = semaphore
+        .try_acquire()
+        .await
+        .expect("try")
+        .into_handle()
+        .expect("free");
     assert!(!permit.loss_signal().is_lost());
     let work = permit.run(async {
         assert_eq!(manager.release_all().await.expect("release_all"), 1);
@@ -234,5 +254,8 @@ pub async fn a_permit_is_told_when_its_slot_is_taken_away(manager: &Manager) {
     }
     assert_eq!(permit.loss_signal().cause(), Some(LossCause::ReleasedAll));
     let again = semaphore.try_acquire().await.expect("try");
-    assert!(again.is_some(), "the slot is free again");
+    assert!(
+        matches!(again, Attempt::Acquired(_)),
+        "the slot is free again"
+    );
 }

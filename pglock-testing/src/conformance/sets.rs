@@ -53,7 +53,7 @@ pub async fn several_keys_are_taken_all_or_nothing(manager: &Manager) {
     for key in &keys {
         assert!(manager.is_held(key).await, "{key} is held");
     }
-    let mut taken: Vec<String> = set.infos().map(|i| i.key.to_string()).collect();
+    let mut taken: Vec<String> = set.info().iter().map(|i| i.key.to_string()).collect();
     taken.sort();
     let mut named = keys.clone();
     named.sort();

@@ -20,7 +20,7 @@ pub async fn reacquiring_an_own_key_waits_for_the_local_holder(manager: &Manager
             .try_acquire(&key)
             .await
             .expect("try")
-            .into_guard()
+            .into_handle()
             .is_none()
     );
     let err = acquire_elsewhere(

@@ -93,7 +93,7 @@ async fn try_acquire(world: &Arc<World>, m: usize, who: &str) {
             world.work().await;
             let_go(world, m, who, guard, believing).await;
         }
-        Ok(Attempt::Busy) => world.note(format_args!("{what} -> busy")),
+        Ok(_busy) => world.note(format_args!("{what} -> busy")),
         Err(err) => {
             world.note(format_args!("{what} -> {err}"));
             world.expect_error(&what, &err);
@@ -160,7 +160,8 @@ async fn several(world: &Arc<World>, m: usize, who: &str) {
         Err(err) => return world.expect_error(&what, &err),
     };
     let believing: Vec<Believing> = set
-        .infos()
+        .info()
+        .iter()
         .map(|info| world.believe(who, info, set.loss_signal(), true))
         .collect();
     world.work().await;

@@ -36,18 +36,18 @@ pub(crate) struct SimManager {
 
 #[async_trait::async_trait]
 impl LockManager for SimManager {
-    async fn lock(
+    async fn acquire_key(
         &self,
         key: &LockKey,
         options: crate::AcquireOptions,
-    ) -> Result<Option<LockGuard>> {
+    ) -> Result<crate::Attempt> {
         let acquired = self.core.lock(key, options).await?;
-        Ok(acquired.map(LockGuard::from))
+        Ok(crate::Attempt::from(acquired.map(LockGuard::from)))
     }
-    async fn unlock(&self, key: &LockKey) -> Result<()> {
+    async fn release_key(&self, key: &LockKey) -> Result<()> {
         self.core.release(key).await
     }
-    async fn holds(&self, key: &LockKey) -> bool {
+    async fn is_held_key(&self, key: &LockKey) -> bool {
         self.core.is_held(key).await
     }
     async fn release_all(&self) -> Result<usize> {

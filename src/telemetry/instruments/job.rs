@@ -16,18 +16,30 @@ struct Instruments {
     skips: opentelemetry::metrics::Counter<u64>,
     overruns: opentelemetry::metrics::Counter<u64>,
     extensions: opentelemetry::metrics::Counter<u64>,
-    /// The job's name: fixed by the application, so one series per job and outcome.
-    job: opentelemetry::KeyValue,
+    /// The job's name (fixed by the application, so one series per job and outcome), and the
+    /// holder id when the builder opted in.
+    attributes: Vec<opentelemetry::KeyValue>,
 }
 
 impl JobMetrics {
-    /// The instruments of the job `job`. Only the meter is taken from `choice`: a job's series
-    /// carry its name, never a holder id.
+    /// The instruments of the job `job`, run through a manager whose holder id is
+    /// `holder_id`.
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-    pub(crate) fn build(choice: MeterChoice, job: &str) -> Self {
+    pub(crate) fn build(choice: MeterChoice, job: &str, holder_id: &str) -> Self {
         #[cfg(feature = "metrics")]
         {
             use crate::telemetry::metrics as names;
+            use opentelemetry::KeyValue;
+            if choice.disabled {
+                return Self::default();
+            }
+            let mut attributes = vec![KeyValue::new(crate::telemetry::job::JOB, job.to_owned())];
+            if choice.holder_id {
+                attributes.push(KeyValue::new(
+                    crate::telemetry::HOLDER_ID,
+                    holder_id.to_owned(),
+                ));
+            }
             let meter = (choice.meter).unwrap_or_else(|| opentelemetry::global::meter("pglock"));
             let counter = |name: &'static str, description: &'static str| {
                 meter
@@ -49,7 +61,7 @@ impl JobMetrics {
                     names::JOB_EXTENSIONS,
                     "Requests to extend a running job's hold, by outcome",
                 ),
-                job: opentelemetry::KeyValue::new(crate::telemetry::job::JOB, job.to_owned()),
+                attributes,
             };
             JobMetrics {
                 instruments: Some(instruments),
@@ -84,7 +96,7 @@ impl JobMetrics {
     pub(crate) fn overrun(&self) {
         #[cfg(feature = "metrics")]
         if let Some(m) = &self.instruments {
-            m.overruns.add(1, std::slice::from_ref(&m.job));
+            m.overruns.add(1, &m.attributes);
         }
     }
 
@@ -102,8 +114,10 @@ impl JobMetrics {
 
 #[cfg(feature = "metrics")]
 impl Instruments {
-    /// The job's name and one more attribute.
-    fn with(&self, key: &'static str, value: &'static str) -> [opentelemetry::KeyValue; 2] {
-        [self.job.clone(), opentelemetry::KeyValue::new(key, value)]
+    /// The job's attributes and one more.
+    fn with(&self, key: &'static str, value: &'static str) -> Vec<opentelemetry::KeyValue> {
+        let mut attributes = self.attributes.clone();
+        attributes.push(opentelemetry::KeyValue::new(key, value));
+        attributes
     }
 }

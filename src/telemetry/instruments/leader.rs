@@ -31,6 +31,9 @@ impl LeaderMetrics {
         {
             use crate::telemetry::{self, metrics as names};
             use opentelemetry::KeyValue;
+            if choice.disabled {
+                return Self::default();
+            }
             let meter = (choice.meter).unwrap_or_else(|| opentelemetry::global::meter("pglock"));
             let mut attributes = vec![KeyValue::new(
                 telemetry::leader::ELECTION,

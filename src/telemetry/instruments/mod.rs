@@ -3,11 +3,13 @@
 
 mod job;
 mod leader;
+mod semaphore;
 
 use std::time::Duration;
 
 pub(crate) use self::job::JobMetrics;
 pub(crate) use self::leader::LeaderMetrics;
+pub(crate) use self::semaphore::SemaphoreMetrics;
 
 use crate::{LockMode, LossCause};
 
