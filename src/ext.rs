@@ -661,6 +661,12 @@ macro_rules! inherent_caller_api {
             /// Takes `key` in shared mode if no one holds it exclusively right now:
             /// [`LockManagerExt::try_acquire_shared`].
             ///
+            /// ```compile_fail,E0599
+            #[doc = concat!("# async fn port(locks: pglock::", stringify!($manager), ") -> pglock::Result<()> {")]
+            /// if locks.try_acquire_shared("rates").await?.is_some() {}
+            /// # Ok(()) }
+            /// ```
+            ///
             /// # Errors
             ///
             /// As [`LockManagerExt::try_acquire_shared`].
@@ -839,6 +845,12 @@ macro_rules! inherent_caller_api {
             /// Takes the exclusive locks of every one of `keys` if all are free right now:
             /// [`LockManagerExt::try_acquire_all`].
             ///
+            /// ```compile_fail,E0599
+            #[doc = concat!("# async fn port(locks: pglock::", stringify!($manager), ") -> pglock::Result<()> {")]
+            /// if locks.try_acquire_all(["a", "b"]).await?.is_some() {}
+            /// # Ok(()) }
+            /// ```
+            ///
             /// # Errors
             ///
             /// As [`LockManagerExt::try_acquire_all`].
@@ -856,6 +868,12 @@ macro_rules! inherent_caller_api {
 
             /// Takes every one of `keys` in shared mode if none is held exclusively right now:
             /// [`LockManagerExt::try_acquire_all_shared`].
+            ///
+            /// ```compile_fail,E0599
+            #[doc = concat!("# async fn port(locks: pglock::", stringify!($manager), ") -> pglock::Result<()> {")]
+            /// if locks.try_acquire_all_shared(["a", "b"]).await?.is_some() {}
+            /// # Ok(()) }
+            /// ```
             ///
             /// # Errors
             ///

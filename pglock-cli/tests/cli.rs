@@ -190,6 +190,61 @@ async fn holders_shows_the_holder_and_its_waiters() {
     );
 }
 
+#[tokio::test]
+async fn holders_shows_two_integer_keys_by_pair() {
+    let app = app_name("cli-pair");
+    let holder = common::manager_for(common::pool_named(2, &app).await, &app).build();
+    // A pair of its own, and a bigint lock with the same halves, which is another lock.
+    let (a, b) = (random_i32(), random_i32());
+    let pair = pglock::LockKey::pair(a, b);
+    let guard = holder.acquire(pair, None).await.expect("acquire the pair");
+    let (pair_arg, twin) = (
+        format!("{a},{b}"),
+        pglock::LockTarget::IntPair(a, b).packed(),
+    );
+    let output = tokio::task::spawn_blocking({
+        let pair_arg = pair_arg.clone();
+        move || with_database(&["holders", "--json", "--pair", &pair_arg])
+    })
+    .await
+    .expect("join");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let json: Value = serde_json::from_str(&stdout(&output)).expect("JSON");
+    assert_eq!(json["pair"], serde_json::json!([a, b]));
+    assert_eq!(json["objsubid"], 2);
+    assert_eq!(json["holders"][0]["holder_id"], app.as_str());
+
+    // Listed among every lock, as the pair it is; the bigint lock with its halves is free.
+    let output = tokio::task::spawn_blocking(|| with_database(&["holders"]))
+        .await
+        .expect("join");
+    let text = stdout(&output);
+    assert!(
+        text.contains(&format!("lock pair ({a}, {b}) (objsubid 2)")),
+        "{text}"
+    );
+    let output =
+        tokio::task::spawn_blocking(move || with_database(&["holders", "--id", &twin.to_string()]))
+            .await
+            .expect("join");
+    assert_eq!(output.status.code(), Some(3), "{}", stdout(&output));
+    guard.release().await.expect("release");
+    let output =
+        tokio::task::spawn_blocking(move || with_database(&["holders", "--pair", &pair_arg]))
+            .await
+            .expect("join");
+    assert_eq!(output.status.code(), Some(3), "free once released");
+}
+
+/// A random 32-bit integer, so concurrent runs do not share pairs.
+fn random_i32() -> i32 {
+    i32::from_le_bytes(
+        uuid::Uuid::new_v4().as_bytes()[..4]
+            .try_into()
+            .expect("4 bytes"),
+    )
+}
+
 #[test]
 fn usage_errors_exit_with_2() {
     for args in [
@@ -198,6 +253,9 @@ fn usage_errors_exit_with_2() {
         &["frobnicate"][..],
         &["holders", "--id", "not-a-number"][..],
         &["holders", "some-key", "--id", "42"][..],
+        &["holders", "--pair", "1"][..],
+        &["holders", "--pair", "1,x"][..],
+        &["holders", "--pair", "1,2", "--id", "42"][..],
     ] {
         let output = pglock(args).output().expect("run pglock");
         assert_eq!(output.status.code(), Some(2), "{args:?}");
