@@ -29,7 +29,9 @@
 # sessions, deadlines, errors and cancellation; where waits wait, on what connections, and
 # lock-order cycles; lost-lock detection, faults and the silence bound; fencing tokens and
 # fenced writes; transaction locks; scheduled jobs, leader election, semaphores and inspection;
-# the lock budget, a role that owns nothing, and a server in recovery refused as a standby.
+# the lock budget, a role that owns nothing, and a server in recovery refused as a standby;
+# knowing the server: one whose locks exclude nothing refused, a hostile search_path, forged
+# notifications.
 # Left out: the HA suite (the packages have no pg_basebackup), the pooler tests (they need
 # PgBouncer, and test the pooler more than the server) and the slow rest. Tests that assert
 # a behaviour which differs on an older server read its version and assert what is documented
@@ -59,6 +61,7 @@ declare -A NOTES=(
 TESTS=(conformance
        locks_exclusion locks_processes locks_shared locks_keys locks_turns locks_handoff
        locks_sessions locks_deadlines locks_errors locks_cancellation locks_budget locks_roles
+       server_checks server_search_path server_hostile_notifications
        waits_queues waits_sessions waits_cycles
        loss_detection loss_silent_holders loss_faults
        fencing_tokens fencing_rmw

@@ -50,7 +50,7 @@ use crate::{LockGuard, LockHandle};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
 /// # let locks = InMemoryLockManager::new();
 /// if let Some(term) = locks.try_acquire("leader:jobs").await?.leak() {
-///     // ... lead, with term.fencing_token ...
+///     println!("leading with token {:?}", term.fencing_token);
 ///     assert!(locks.is_held("leader:jobs").await);
 ///     locks.release("leader:jobs").await?;
 /// }

@@ -31,6 +31,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// | [`PoolClosed`](Error::PoolClosed) | the pool was closed | the application is shutting down |
 /// | [`TooManyConnections`](Error::TooManyConnections) | the server refused a new connection: too many clients | lower the pools' sizes, or raise the server's `max_connections` |
 /// | [`PermissionDenied`](Error::PermissionDenied) | the role lacks a privilege on a table pglock uses | grant it (the error names the object and the privilege), or create the table in your migrations |
+/// | [`UnsupportedServer`](Error::UnsupportedServer) | the server's advisory locks do not exclude (an engine that only looks like PostgreSQL, a pool spread over several servers) | point the lock pool at one PostgreSQL primary; the error names what was found |
 /// | [`TransactionPooling`](Error::TransactionPooling) | the pool goes through a transaction-pooling proxy | connect the lock pool directly or in session mode, or use [`TransactionLock`](crate::TransactionLock) |
 /// | [`Standby`](Error::Standby) | the pool points at a standby | point the lock pool at the primary |
 /// | [`NotInTransaction`](Error::NotInTransaction) | a [`TransactionLock`](crate::TransactionLock) on a connection in autocommit | begin a transaction and lock on it |
@@ -217,6 +218,25 @@ pub enum Error {
         key: LockKey,
     },
 
+    /// The server's advisory locks cannot be trusted to exclude, so the manager refuses to
+    /// take locks there. Found once per manager, at the first lock session's set-up (or by
+    /// [`check_server`](crate::PostgresLockManager::check_server)): an engine refused by name
+    /// (CockroachDB, YugabyteDB with its advisory locks silenced, a Citus node other than the
+    /// coordinator), a server without session advisory locks, or a proof that failed: a salted
+    /// lock held by one session was taken by a second session of the same pool. Nothing was
+    /// taken, and retrying does not help.
+    #[error(
+        "Failed to acquire lock '{key}': the server cannot be trusted to exclude: {found}. {advice}"
+    )]
+    UnsupportedServer {
+        /// The key that was requested.
+        key: LockKey,
+        /// What was found.
+        found: String,
+        /// What to do instead.
+        advice: String,
+    },
+
     /// The pool's connections go through a transaction-pooling proxy (such as PgBouncer with
     /// `pool_mode = transaction`): consecutive statements of one connection ran on different
     /// server sessions. Nothing was taken.
@@ -301,6 +321,7 @@ impl Error {
             | Error::PermissionDenied { key, .. }
             | Error::Standby { key }
             | Error::TransactionPooling { key }
+            | Error::UnsupportedServer { key, .. }
             | Error::NotInTransaction { key }
             | Error::Database { key, .. }
             | Error::Connection { key, .. }

@@ -125,7 +125,7 @@ fn or_unset(fence: &Option<i64>) -> String {
 /// ```no_run
 /// use std::time::Duration;
 /// use pglock::fence::{self, RowFence};
-/// use pglock::{FencingTable, LockManagerExt, PostgresLockManager};
+/// use pglock::{FencingTable, PostgresLockManager};
 ///
 /// # async fn run(pool: sqlx::PgPool, id: uuid::Uuid) -> Result<(), Box<dyn std::error::Error>> {
 /// let locks = PostgresLockManager::builder(pool.clone())
@@ -188,7 +188,7 @@ impl RowFence {
         let table = quote_identifier(table, true)?;
         let key = quote_identifier(key_column, false)?;
         let fence = quote_identifier(fence_column, false)?;
-        let lookup = format!("SELECT {fence} FROM {table} WHERE {key} = $1");
+        let lookup = format!("SELECT {fence} FROM {table} WHERE {key} OPERATOR(pg_catalog.=) $1");
         let mut fenced = RowFence {
             raise: Arc::from(""),
             lookup: Arc::from(lookup),
@@ -307,7 +307,8 @@ impl RowFence {
         V: for<'q> Encode<'q, Postgres> + Type<Postgres> + Send,
     {
         let statement = format!(
-            "UPDATE {t} SET {c} = $3 WHERE {k} = $1 AND {f} = $2",
+            "UPDATE {t} SET {c} = $3 \
+             WHERE {k} OPERATOR(pg_catalog.=) $1 AND {f} OPERATOR(pg_catalog.=) $2",
             t = self.table,
             c = quote_identifier(column, false)?,
             k = self.key,
@@ -332,8 +333,8 @@ impl RowFence {
 
     fn raise_statement(&self, returning: &str) -> Arc<str> {
         Arc::from(format!(
-            "UPDATE {t} SET {f} = $2 WHERE {k} = $1 AND ({f} IS NULL OR {f} <= $2) \
-             RETURNING {returning}",
+            "UPDATE {t} SET {f} = $2 WHERE {k} OPERATOR(pg_catalog.=) $1 \
+             AND ({f} IS NULL OR {f} OPERATOR(pg_catalog.<=) $2) RETURNING {returning}",
             t = self.table,
             k = self.key,
             f = self.fence,
@@ -389,7 +390,7 @@ mod tests {
         assert_eq!(fence.table(), r#""s""x"."t; DROP TABLE y""#);
         assert_eq!(
             &*fence.raise,
-            r#"UPDATE "s""x"."t; DROP TABLE y" SET "fe""nce" = $2 WHERE "k.ey" = $1 AND ("fe""nce" IS NULL OR "fe""nce" <= $2) RETURNING *"#
+            r#"UPDATE "s""x"."t; DROP TABLE y" SET "fe""nce" = $2 WHERE "k.ey" OPERATOR(pg_catalog.=) $1 AND ("fe""nce" IS NULL OR "fe""nce" OPERATOR(pg_catalog.<=) $2) RETURNING *"#
         );
         let fence = fence.returning(&["value", "a\"b"]).unwrap();
         assert!(fence.raise.ends_with(r#"RETURNING "value", "a""b""#));

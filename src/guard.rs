@@ -103,7 +103,7 @@ impl LockGuard {
     /// # Examples
     ///
     /// ```
-    /// use pglock::{Error, InMemoryLockManager, LockManagerExt};
+    /// use pglock::{Error, InMemoryLockManager};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
     /// let locks = InMemoryLockManager::new();
@@ -165,7 +165,7 @@ impl LockGuard {
     /// "try, then later `release(key)`".
     ///
     /// ```
-    /// use pglock::{InMemoryLockManager, LockManagerExt};
+    /// use pglock::InMemoryLockManager;
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
     /// let locks = InMemoryLockManager::new();

@@ -10,7 +10,7 @@
 //! use std::sync::Arc;
 //! use std::sync::atomic::{AtomicUsize, Ordering};
 //! use pglock::hooks::{self, Hooks, Stage};
-//! use pglock::{InMemoryLockManager, LockManagerExt};
+//! use pglock::InMemoryLockManager;
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
 //! let servers_asked = Arc::new(AtomicUsize::new(0));

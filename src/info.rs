@@ -105,7 +105,7 @@ impl LockInfo {
 /// [`HeldLock::new`].
 ///
 /// ```
-/// use pglock::{InMemoryLockManager, LockManager, LockManagerExt};
+/// use pglock::InMemoryLockManager;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
 /// let locks = InMemoryLockManager::new();

@@ -262,7 +262,8 @@ impl LeaderElection {
     /// use pglock::{InMemoryLockManager, LockInfo};
     ///
     /// async fn rebuild_projections(info: LockInfo) {
-    ///     // ... write with `info.fencing_token`, so a deposed leader's writes are refused ...
+    ///     // Write with the token, so a deposed leader's writes are refused.
+    ///     let _token = info.fencing_token;
     /// #   std::future::pending::<()>().await
     /// }
     ///

@@ -34,8 +34,8 @@
 //! `Option<Duration>` deadline (`None` waits as long as it takes, `Some(Duration::ZERO)` makes
 //! one attempt), an [`Attempt`] from every try that can hand back a lock, a [`LockHandle`] for
 //! what is held, and `# Cancel safety` on every async method. The table of every primitive by
-//! verb, with what is absent on purpose and why, is the guide's "One shape for every
-//! primitive" page (`docs/guide/primitives.md` in the source repository).
+//! verb, with what is absent on purpose and why, is the guide's
+//! [primitives page](https://github.com/pglock-rs/pglock/blob/main/docs/guide/primitives.md).
 //!
 //! # Example
 //!
@@ -96,9 +96,10 @@
 //!   server's lock table; lost locks detected within about one probe interval.
 //! * [`FencingTable`] and [`RowFence`]: tokens that let a resource refuse a superseded holder.
 //!
-//! Beyond this reference, the source repository's `docs/` folder holds a guide with a page per
-//! task, every default and limit in one table, the design, the failure model, and each
-//! guarantee with the test that defends it.
+//! Beyond this reference: [the guide](https://github.com/pglock-rs/pglock/blob/main/docs/guide/README.md), a page per task;
+//! [defaults and limits](https://github.com/pglock-rs/pglock/blob/main/docs/defaults.md), in one table;
+//! [guarantees](https://github.com/pglock-rs/pglock/blob/main/docs/guarantees.md), each with the test that defends it; the
+//! [failure model](https://github.com/pglock-rs/pglock/blob/main/docs/failure-model.md) and the [design](https://github.com/pglock-rs/pglock/blob/main/docs/design.md).
 #![forbid(unsafe_code)]
 #![warn(
     missing_docs,
@@ -107,6 +108,10 @@
     rust_2018_idioms
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Every snippet, here and in the README and guide pages compiled below, builds under
+// `-D warnings`, as a user's code copied from them would (their example functions are never
+// called, hence `dead_code`).
+#![doc(test(attr(deny(warnings), allow(dead_code))))]
 
 mod attempt;
 mod core;
@@ -162,7 +167,9 @@ pub use crate::lock_set::LockSet;
 pub use crate::loss::{LossCause, LossSignal};
 pub use crate::manager::LockManager;
 pub use crate::memory::{InMemoryLockManager, InMemoryLockManagerBuilder, InMemoryLockServer};
-pub use crate::postgres::{FencingTable, PostgresLockManager, PostgresLockManagerBuilder};
+pub use crate::postgres::{
+    FencingTable, PostgresLockManager, PostgresLockManagerBuilder, ServerCheck,
+};
 pub use crate::schedule::ScheduledJob;
 pub use crate::semaphore::Semaphore;
 pub use crate::wait::{AcquireOptions, Wait};
@@ -230,16 +237,16 @@ struct GuideSemaphoresDoctests;
 struct GuideOperatingDoctests;
 
 #[cfg(doctest)]
+#[doc = include_str!("../docs/guide/servers.md")]
+struct GuideServersDoctests;
+
+#[cfg(doctest)]
 #[doc = include_str!("../docs/guide/errors.md")]
 struct GuideErrorsDoctests;
 
 #[cfg(doctest)]
 #[doc = include_str!("../docs/guide/testing.md")]
 struct GuideTestingDoctests;
-
-#[cfg(doctest)]
-#[doc = include_str!("../docs/guide/migration.md")]
-struct GuideMigrationDoctests;
 
 #[cfg(doctest)]
 #[doc = include_str!("../docs/guide/interop.md")]

@@ -27,7 +27,7 @@ use crate::{LockKey, LockMode, LockTarget, LossCause, Result};
 /// second, as PostgreSQL managers' do), which lets a unit test play several replicas:
 ///
 /// ```
-/// use pglock::{Attempt, InMemoryLockManager, InMemoryLockServer, LockManagerExt};
+/// use pglock::{Attempt, InMemoryLockManager, InMemoryLockServer};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
 /// let server = InMemoryLockServer::new();
@@ -79,7 +79,7 @@ impl InMemoryLockManager {
     /// Returns false if this manager does not hold `key`.
     ///
     /// ```
-    /// use pglock::{InMemoryLockManager, LockManagerExt, LossCause};
+    /// use pglock::{InMemoryLockManager, LossCause};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let locks = InMemoryLockManager::new();
@@ -227,7 +227,7 @@ const DEADLOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 const PROBE_TICK: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// What carries probes between the managers of one server, as `LISTEN`/`NOTIFY` does between
-/// PostgreSQL managers (see `core/cycles.rs`): a task that runs while any of them waits inside
+/// PostgreSQL managers (see `core/cycles/`): a task that runs while any of them waits inside
 /// a critical section.
 #[derive(Default)]
 struct ProbeHub {
@@ -287,7 +287,13 @@ impl ProbeHub {
                     break;
                 }
                 for w in &waits {
-                    probes.extend(w.on_probe(&probe));
+                    let heard = w.on_probe(&probe, DEADLOCK_TIMEOUT);
+                    probes.extend(heard.pass_on);
+                    // Nobody outside the process speaks here: what came back is the server's
+                    // own view.
+                    for cycle in heard.to_confirm {
+                        w.settle(cycle, true);
+                    }
                 }
             }
         }

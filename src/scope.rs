@@ -61,7 +61,7 @@ pub(crate) fn is_inside(holder: &str, key: &LockKey) -> bool {
 }
 
 /// The keys (and modes) of the critical sections of `holder` the caller runs inside, innermost
-/// first: what it holds while it waits for another key (see `core/cycles.rs`).
+/// first: what it holds while it waits for another key (see `core/cycles/`).
 pub(crate) fn held_by(holder: &str) -> Vec<(LockKey, LockMode)> {
     if !ANY_SECTION.load(Ordering::Relaxed) {
         return Vec::new();

@@ -232,8 +232,8 @@ impl TransactionLock {
     fn wait_statement(&self) -> String {
         let lock = self.function(false);
         format!(
-            "{IN_TRANSACTION}SELECT CASE WHEN pg_is_in_recovery() THEN NULL \
-             ELSE {lock}({})::text = '' END",
+            "{IN_TRANSACTION}SELECT CASE WHEN pg_catalog.pg_is_in_recovery() THEN NULL \
+             ELSE {lock}({})::pg_catalog.text OPERATOR(pg_catalog.=) '' END",
             self.args()
         )
     }
@@ -247,7 +247,7 @@ impl TransactionLock {
     fn try_select(&self) -> String {
         let try_lock = self.function(true);
         format!(
-            "SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE {try_lock}({}) END",
+            "SELECT CASE WHEN pg_catalog.pg_is_in_recovery() THEN NULL ELSE {try_lock}({}) END",
             self.args()
         )
     }
@@ -266,12 +266,12 @@ impl TransactionLock {
         let args = self.args();
         format!(
             "{IN_TRANSACTION}DO $pglock$ \
-             DECLARE previous text := current_setting('lock_timeout'); \
+             DECLARE previous pg_catalog.text := pg_catalog.current_setting('lock_timeout'); \
              BEGIN \
-               IF pg_is_in_recovery() THEN RETURN; END IF; \
-               PERFORM set_config('lock_timeout', '{ms}', true); \
+               IF pg_catalog.pg_is_in_recovery() THEN RETURN; END IF; \
+               PERFORM pg_catalog.set_config('lock_timeout', '{ms}', true); \
                PERFORM {lock}({args}); \
-               PERFORM set_config('lock_timeout', previous, true); \
+               PERFORM pg_catalog.set_config('lock_timeout', previous, true); \
              EXCEPTION WHEN lock_not_available THEN NULL; \
              END $pglock$; {}",
             self.try_select()
@@ -284,14 +284,14 @@ impl TransactionLock {
             LockMode::Exclusive => "",
             LockMode::Shared => "_shared",
         };
-        format!("pg_{try_prefix}advisory_xact_lock{suffix}")
+        format!("pg_catalog.pg_{try_prefix}advisory_xact_lock{suffix}")
     }
 
     /// The lock function's arguments as typed literals (quoted, so `i64::MIN` parses).
     fn args(&self) -> String {
         match self.key.target() {
-            LockTarget::BigInt(id) => format!("'{id}'::int8"),
-            LockTarget::IntPair(a, b) => format!("'{a}'::int4, '{b}'::int4"),
+            LockTarget::BigInt(id) => format!("'{id}'::bigint"),
+            LockTarget::IntPair(a, b) => format!("'{a}'::integer, '{b}'::integer"),
         }
     }
 
@@ -337,18 +337,19 @@ mod tests {
     fn statements_name_the_function_of_the_mode_and_key_space() {
         let pair = TransactionLock::shared(LockKey::pair(-1, 2));
         assert!(
-            pair.try_statement()
-                .contains("pg_try_advisory_xact_lock_shared('-1'::int4, '2'::int4)")
+            pair.try_statement().contains(
+                "pg_catalog.pg_try_advisory_xact_lock_shared('-1'::integer, '2'::integer)"
+            )
         );
         let id = TransactionLock::exclusive(i64::MIN);
         assert!(
             id.wait_statement()
-                .contains("pg_advisory_xact_lock('-9223372036854775808'::int8)")
+                .contains("pg_catalog.pg_advisory_xact_lock('-9223372036854775808'::bigint)")
         );
         let bounded = id.bounded_wait_statement(250);
         assert_eq!(bounded.matches(IN_TRANSACTION).count(), 1, "{bounded}");
-        assert!(
-            bounded.ends_with("ELSE pg_try_advisory_xact_lock('-9223372036854775808'::int8) END")
-        );
+        assert!(bounded.ends_with(
+            "ELSE pg_catalog.pg_try_advisory_xact_lock('-9223372036854775808'::bigint) END"
+        ));
     }
 }

@@ -268,7 +268,7 @@ async fn cancelled_while_recording_the_end() {
     }
     let blocker = h.lock_table("EXCLUSIVE").await;
     finish_tx.send(()).expect("let the body end");
-    drop_when(run, || h.waits_in("finished_at = now()")).await;
+    drop_when(run, || h.waits_in("finished_at = pg_catalog.now()")).await;
     blocker.close().await.expect("end the transaction");
     // Either the end was recorded, or the claim was given up; never held to the max hold.
     eventually("the record is finished or given up", || async {

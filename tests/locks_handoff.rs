@@ -93,7 +93,7 @@ async fn queued_local_tasks_inherit_the_session_with_one_statement() {
     assert!(seen[0].2.contains("advisory"), "{seen:?}");
     for (before, after) in seen.iter().zip(&seen[1..]) {
         assert!(after.1 > before.1, "{seen:?}");
-        assert_eq!(after.2, "SELECT pg_backend_pid()", "{seen:?}");
+        assert_eq!(after.2, "SELECT pg_catalog.pg_backend_pid()", "{seen:?}");
     }
     assert_eq!(stages.count(Stage::Server, &key), 1);
     assert_eq!(stages.count(Stage::Register, &key), 3);

@@ -260,3 +260,55 @@ async fn inspection_falls_back_to_lower_bounds_on_a_fencing_table_the_role_may_n
     pool.close().await;
     sandbox.remove().await;
 }
+
+/// What the first lock session and the first contended waits set up, as a role that owns
+/// nothing: the server check (a second session, a salted lock, `LISTEN`), the waiters' doorbell
+/// (flags and release notifications, for waits without a connection of their own), and the
+/// probes that find a cycle through two managers (markers, confirmed in `pg_locks` and
+/// `pg_stat_activity`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_check_the_doorbell_and_cycle_probes_need_no_privilege() {
+    let sandbox = Sandbox::new("paths").await;
+    let pools = [
+        sandbox.role_pool().await,
+        sandbox.role_pool().await,
+        sandbox.role_pool().await,
+    ];
+    let manager = |pool: &sqlx::PgPool| {
+        PostgresLockManager::builder(pool.clone())
+            .max_connections(3)
+            .deadlock_timeout(Duration::from_millis(50))
+            .build()
+    };
+    let (a, b, holder) = (manager(&pools[0]), manager(&pools[1]), manager(&pools[2]));
+    let check = a
+        .check_server()
+        .await
+        .expect("the check needs no privilege");
+    assert!(check.notifications, "{check:?}");
+
+    // Four keys held elsewhere, three connections: a wait rings the doorbell.
+    let keys: Vec<String> = (0..4).map(|i| format!("roles:paths:{i}")).collect();
+    let held = holder.acquire_all(&keys, Some(BOUND)).await.expect("held");
+    let waiters: Vec<_> = keys
+        .iter()
+        .map(|k| {
+            let (a, k) = (a.clone(), k.clone());
+            tokio::spawn(async move { a.acquire(&k, Some(BOUND)).await })
+        })
+        .collect();
+    held.release().await.expect("release");
+    for waiter in waiters {
+        let guard = waiter.await.expect("join").expect("granted");
+        guard.release().await.expect("release");
+    }
+
+    // A cycle through two managers: exactly one wait fails, found by probes.
+    let outcomes = common::cycle::between(&a, &b, Some(BOUND)).await;
+    let deadlocks = common::cycle::deadlocks(&outcomes);
+    assert_eq!(deadlocks, 1, "{outcomes:?}");
+    for pool in pools {
+        pool.close().await;
+    }
+    sandbox.remove().await;
+}

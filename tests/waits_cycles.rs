@@ -455,3 +455,84 @@ async fn uncontended_nested_sections_open_no_listener() {
         .expect("inner");
     assert_eq!(connections, 1, "the lock session only");
 }
+
+/// Inside a section on `first`, once `go` says so, waits for `second` with no deadline.
+async fn transfer_when_told(
+    locks: Manager,
+    first: String,
+    second: String,
+    holds: tokio::sync::oneshot::Sender<()>,
+    go: tokio::sync::oneshot::Receiver<()>,
+) -> pglock::Result<()> {
+    let inner = Arc::clone(&locks);
+    locks
+        .with_lock(first.as_str(), None, |_| async move {
+            let _ = holds.send(());
+            go.await.expect("told to ask");
+            inner.with_lock(second.as_str(), None, |_| async {}).await
+        })
+        .await?
+}
+
+/// A ring of three managers, member `i` holding key `i` and asking for key `i + 1`, the asks
+/// made one at a time in `order` (each once the previous one waits on the server): the last
+/// to ask, the youngest wait, is the victim, and the other two complete. Probes run every
+/// 50 ms, so the other waits have probed round the ring many times before it closes.
+async fn youngest_fails(order: [usize; 3]) {
+    let observer = common::observer().await;
+    let mut managers = Vec::new();
+    for _ in 0..3 {
+        managers.push(probing(Duration::from_millis(50)).await);
+    }
+    let keys: Vec<String> = (0..3).map(|i| common::key(&format!("ring-{i}"))).collect();
+    let (mut tasks, mut gos) = (Vec::new(), Vec::new());
+    for i in 0..3 {
+        let (holds, held) = tokio::sync::oneshot::channel();
+        let (go, told) = tokio::sync::oneshot::channel();
+        tasks.push(tokio::spawn(transfer_when_told(
+            Arc::clone(&managers[i]),
+            keys[i].clone(),
+            keys[(i + 1) % 3].clone(),
+            holds,
+            told,
+        )));
+        held.await.expect("the member holds its key");
+        gos.push(Some(go));
+    }
+    for &i in &order[..2] {
+        gos[i].take().expect("once").send(()).expect("told");
+        common::eventually_waiting("the ask waits on the server", &observer, &keys[(i + 1) % 3])
+            .await;
+    }
+    let youngest = order[2];
+    gos[youngest].take().expect("once").send(()).expect("told");
+    let mut outcomes = Vec::new();
+    for task in tasks {
+        outcomes.push(
+            common::within("the ring is broken", task)
+                .await
+                .expect("task"),
+        );
+    }
+    for (i, outcome) in outcomes.iter().enumerate() {
+        if i == youngest {
+            assert!(
+                matches!(outcome, Err(Error::Deadlock { .. })),
+                "member {i}, the youngest wait of {order:?}, fails: {outcomes:?}"
+            );
+        } else {
+            assert!(
+                outcome.is_ok(),
+                "member {i} of {order:?} completes: {outcomes:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_youngest_wait_of_a_cycle_through_managers_is_its_victim() {
+    // Each member in turn closes the ring, so no fixed manager or key order can pass.
+    for order in [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 2, 1]] {
+        youngest_fails(order).await;
+    }
+}

@@ -223,3 +223,113 @@ async fn on_a_pool_of_one_a_wait_polls_on_the_lock_session() {
     guard.release().await.expect("release");
     first.release().await.expect("release");
 }
+
+/// The doorbell's race, produced on purpose: a release that lands after a waiter's failed try
+/// and before its waiters' flag is up sends no notification (nobody holds the flag), so the
+/// waiter must be woken by the flag going up. The waiter's poll interval is far longer than
+/// its deadline, so only that wake-up can grant it in time.
+///
+/// The listener's server process is stopped (`SIGSTOP`) to hold the flag back while the
+/// waiter tries and the holder releases; hence a private server, whose processes the test may
+/// signal.
+#[tokio::test]
+async fn a_release_between_a_failed_try_and_the_flag_is_heard_when_the_flag_goes_up() {
+    use rustix::process::{Pid, Signal, kill_process};
+
+    let server = pglock_testing::TempPostgres::start().unwrap_or_else(|err| {
+        panic!(
+            "this test stops a server process, so it needs a private server started from the \
+             PostgreSQL server binaries (install them, or point PGLOCK_PG_BIN at them): {err}"
+        )
+    });
+    let connect = |app: String| {
+        let url = server.url();
+        async move {
+            let options: sqlx::postgres::PgConnectOptions = url.parse().expect("url");
+            PgPoolOptions::new()
+                .max_connections(4)
+                .connect_with(options.application_name(&app))
+                .await
+                .expect("connect to the private server")
+        }
+    };
+    let observer = connect("observer".into()).await;
+    let holder = PostgresLockManager::builder(connect("holder".into()).await).build();
+    // One lock session, one wait session, the listener; no poll before the deadline.
+    let waiter = PostgresLockManager::builder(connect("waiter".into()).await)
+        .application_name_prefix(Some("race"))
+        .max_connections(3)
+        .lock_sessions(1)
+        .wait_poll_interval(Duration::from_secs(600))
+        .detect_lost_locks(false)
+        // The listener's statements wait for as long as the test keeps it stopped.
+        .release_timeout(Duration::from_secs(120))
+        .build();
+    let (in_queue, flagged, raced) = ("race:in-queue", "race:flagged", "race:raced");
+    let mut guards =
+        futures::future::try_join_all([in_queue, flagged, raced].map(|k| holder.acquire(k, None)))
+            .await
+            .expect("the holder takes the three keys");
+
+    // The waiter's wait session waits for one key, so the next wait rings the doorbell and
+    // brings the listener up, with that key's flag raised.
+    let spawn_wait = |key: &'static str, secs: u64| {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { waiter.acquire(key, Some(Duration::from_secs(secs))).await })
+    };
+    let _queued = spawn_wait(in_queue, 120);
+    eventually_waiting("a wait fills the wait session", &observer, in_queue).await;
+    let _flagged = spawn_wait(flagged, 120);
+    let listener: i32 = {
+        let flag_holder = || async {
+            sqlx::query_scalar::<_, i32>(
+                "SELECT l.pid FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
+                 WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.mode = 'ShareLock' \
+                 AND a.application_name LIKE 'race%'",
+            )
+            .fetch_optional(&observer)
+            .await
+            .expect("pg_locks")
+        };
+        eventually("the listener holds a flag", || async {
+            flag_holder().await.is_some()
+        })
+        .await;
+        flag_holder().await.expect("the listener")
+    };
+
+    // Freeze the listener's server process, then wait: the waiter's flag cannot go up.
+    let stopped = Pid::from_raw(listener).expect("a pid");
+    kill_process(stopped, Signal::STOP).expect("SIGSTOP the listener's server process");
+    let since: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT pg_catalog.now()")
+        .fetch_one(&observer)
+        .await
+        .expect("now");
+    let racing = spawn_wait(raced, 20);
+    eventually("the waiter's try has failed", || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT pg_catalog.count(*) > 0 FROM pg_stat_activity WHERE application_name \
+             LIKE 'race%' AND pid <> $1 AND state = 'idle' AND query_start > $2 \
+             AND query LIKE '%pg_try_advisory_lock%'",
+        )
+        .bind(listener)
+        .bind(since)
+        .fetch_one(&observer)
+        .await
+        .expect("pg_stat_activity")
+    })
+    .await;
+    // Released with nobody's flag up: no notification.
+    guards
+        .pop()
+        .expect("raced")
+        .release()
+        .await
+        .expect("release");
+    kill_process(stopped, Signal::CONT).expect("SIGCONT the listener's server process");
+
+    let granted = racing.await.expect("the waiting task");
+    let guard = granted.expect("woken by the flag going up, long before its poll");
+    assert!(waiter.is_held(raced).await);
+    guard.release().await.expect("release");
+}

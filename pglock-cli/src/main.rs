@@ -79,7 +79,8 @@ enum Command {
     },
     /// Show who holds and who waits for advisory locks.
     ///
-    /// Lists every single-bigint advisory lock of the database (or only KEY's), its holders
+    /// Lists every advisory lock of the database, bigint and two-integer alike (or only the one
+    /// named by KEY, --id or --pair), its holders
     /// and, under them, its waiters in the server's queue order. "for" is how long a waiter
     /// has waited, or a holder has held the lock: exact for an exclusive holder fenced with
     /// --fencing-table (the grant time its manager wrote there); otherwise how long the holder
@@ -309,7 +310,7 @@ fn execute(cli: Cli) -> Result<u8, Failure> {
             if !target.is_one() {
                 return Err(Failure(
                     EXIT_USAGE,
-                    "terminate needs the lock: KEY or --id LOCK_ID".to_owned(),
+                    "terminate needs the lock: KEY, --id LOCK_ID or --pair A,B".to_owned(),
                 ));
             }
             terminate::check_confirmable(command.yes)?;

@@ -17,20 +17,30 @@ const GONE_WITHIN: Duration = Duration::from_secs(5);
 // Terminates the chosen sessions only if each still holds this lock, and is still the same
 // session (pid and backend start): a pid freed and reused since the listing is left alone.
 const TERMINATE: &str = "\
-SELECT DISTINCT l.pid, pg_terminate_backend(l.pid) AS signalled \
-FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-JOIN unnest($3::int4[], $4::timestamptz[]) AS chosen(pid, backend_start) \
-  ON chosen.pid = l.pid AND chosen.backend_start IS NOT DISTINCT FROM a.backend_start \
-WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted \
-  AND l.classid = $1::int8::oid AND l.objid = $2::int8::oid \
-  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())";
+SELECT DISTINCT l.pid, pg_catalog.pg_terminate_backend(l.pid) AS signalled \
+FROM pg_catalog.pg_locks l \
+LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid \
+JOIN ROWS FROM (pg_catalog.unnest($3::integer[]), \
+  pg_catalog.unnest($4::timestamp with time zone[])) AS chosen(pid, backend_start) \
+  ON chosen.pid OPERATOR(pg_catalog.=) l.pid \
+  AND (chosen.backend_start OPERATOR(pg_catalog.=) a.backend_start \
+    OR (chosen.backend_start IS NULL AND a.backend_start IS NULL)) \
+WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.objsubid OPERATOR(pg_catalog.=) $5 \
+  AND l.granted \
+  AND l.classid OPERATOR(pg_catalog.=) $1::bigint::pg_catalog.oid \
+  AND l.objid OPERATOR(pg_catalog.=) $2::bigint::pg_catalog.oid \
+  AND l.database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
+    WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database())";
 
 // How many other advisory locks (of any database) the chosen sessions hold: they all end with
 // their session, which a lock manager shares between many locks.
 const OTHER_LOCKS: &str = "\
-SELECT count(*) FROM pg_locks \
-WHERE locktype = 'advisory' AND granted AND pid = ANY($3::int4[]) \
-  AND NOT (classid = $1::int8::oid AND objid = $2::int8::oid AND objsubid = 1)";
+SELECT pg_catalog.count(*) FROM pg_catalog.pg_locks \
+WHERE locktype OPERATOR(pg_catalog.=) 'advisory' AND granted \
+  AND pid OPERATOR(pg_catalog.=) ANY($3::integer[]) \
+  AND NOT (classid OPERATOR(pg_catalog.=) $1::bigint::pg_catalog.oid \
+    AND objid OPERATOR(pg_catalog.=) $2::bigint::pg_catalog.oid \
+    AND objsubid OPERATOR(pg_catalog.=) $4)";
 
 /// Which holders to end.
 #[derive(Debug)]
@@ -142,6 +152,7 @@ async fn other_locks(
         .bind(i64::from(report.classid))
         .bind(i64::from(report.objid))
         .bind(pids)
+        .bind(report.target.objsubid())
         .fetch_one(pool)
         .await
         .map_err(|e| Failure(EXIT_RUNTIME, format!("cannot count the other locks: {e}")))
@@ -156,6 +167,7 @@ async fn end(pool: &PgPool, report: &LockReport, chosen: &[Session]) -> Result<V
         .bind(i64::from(report.objid))
         .bind(pids)
         .bind(starts)
+        .bind(report.target.objsubid())
         .fetch_all(pool)
         .await
         .map_err(|e| Failure(EXIT_RUNTIME, format!("cannot terminate: {e}")))?;

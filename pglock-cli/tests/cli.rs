@@ -506,3 +506,54 @@ async fn watch_follows_the_lock_until_interrupted() {
     assert_eq!(exit_code(watcher).await, Some(0), "the last look was held");
     guard.release().await.expect("release");
 }
+
+#[tokio::test]
+async fn holders_and_terminate_name_pg_catalog_whatever_the_search_path() {
+    // Behind a search_path whose first schema shadows every pg_catalog name the command might
+    // use with one that fails, it lists and ends holders as usual.
+    let admin = common::pool_named(1, &app_name("cli-admin")).await;
+    let schema = pglock_testing::search_path::shadowing(&admin)
+        .await
+        .expect("shadows");
+    let separator = if common::url().contains('?') {
+        '&'
+    } else {
+        '?'
+    };
+    let hostile = format!(
+        "{}{separator}options=-c%20search_path%3D{schema}%2Cpg_catalog%2Cpublic",
+        common::url()
+    );
+    let app = app_name("cli-hostile-holder");
+    let holder = common::manager_for(common::pool_named(2, &app).await, &app).build();
+    let key = key("cli-hostile");
+    let guard = holder.acquire(&key, None).await.expect("acquire");
+    let run = |args: Vec<String>| {
+        let hostile = hostile.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut command = pglock(&args.iter().map(String::as_str).collect::<Vec<_>>());
+            command
+                .env("DATABASE_URL", hostile)
+                .output()
+                .expect("run pglock")
+        })
+    };
+    let shown = run(vec!["holders".into(), "--json".into(), key.clone()])
+        .await
+        .expect("join");
+    assert_eq!(shown.status.code(), Some(0), "{}", stderr(&shown));
+    let json: Value = serde_json::from_str(&stdout(&shown)).expect("JSON");
+    assert_eq!(json["holders"][0]["holder_id"], app.as_str());
+    let ended = run(vec!["terminate".into(), key.clone(), "--yes".into()])
+        .await
+        .expect("join");
+    assert_eq!(ended.status.code(), Some(0), "{}", stderr(&ended));
+    eventually("the holder's session is gone", || async {
+        guard.loss_signal().is_lost()
+            || lock_rows(&observer().await, lock_id(&key)).await.is_empty()
+    })
+    .await;
+    pglock_testing::search_path::drop(&admin, &schema)
+        .await
+        .expect("drop");
+}

@@ -42,7 +42,7 @@ use pglock::{
 /// WriteGate::enter(&mut tx, tenant).await?; // waits while a cutover switches this tenant
 /// let route = routing.get_routing(tenant).await?.expect("routed tenant");
 /// for store in route.write_stores() {
-///     // append the event to `store` ...
+///     println!("append the event to {store}"); // your store's append
 /// }
 /// tx.commit().await?; // lets a waiting cutover in
 /// # Ok(()) }

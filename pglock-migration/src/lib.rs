@@ -91,6 +91,8 @@
     rust_2018_idioms
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Snippets build under `-D warnings`, as a user's code copied from them would.
+#![doc(test(attr(deny(warnings), allow(dead_code))))]
 
 mod coordinator;
 mod cutover;
@@ -125,3 +127,9 @@ pub use postgres::PostgresMigrationStore;
 pub use store::{
     AuditLog, MigrationRepository, MigrationStore, RoutingChange, RoutingRepository, Transition,
 };
+
+// The guide's page on this crate: its snippet (the three traits implemented, a migration run
+// to its cutover) is compiled and run as a doc test here, where the crate is in scope.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/guide/migration.md")]
+struct GuideMigrationDoctests;

@@ -17,6 +17,8 @@
 //!   [`PoolMode`] under test, to test code that runs behind one.
 //! * [`Proxy`]: a TCP proxy in front of a server that a test blackholes, resets, delays or
 //!   points elsewhere, for partitions and moving endpoints.
+//! * [`search_path`]: schemas that shadow `pg_catalog`'s names, to check that statements name
+//!   what they mean whatever the `search_path`.
 //! * [`Stage`], [`pause_at`]: stop an operation of pglock's managers at a chosen await point,
 //!   to test what happens when it is cancelled there.
 #![forbid(unsafe_code)]
@@ -27,10 +29,13 @@
     rust_2018_idioms
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Snippets build under `-D warnings`, as a user's code copied from them would.
+#![doc(test(attr(deny(warnings), allow(dead_code))))]
 
 pub mod conformance;
 mod pgbouncer;
 mod proxy;
+pub mod search_path;
 mod server;
 
 use std::sync::Arc;
@@ -58,7 +63,7 @@ pub use server::{TempPostgres, database_url, shared_server};
 /// Give the hook to a manager by building it inside [`hooks::build_with`](pglock::hooks::build_with):
 ///
 /// ```
-/// use pglock::{InMemoryLockManager, LockManager, LockManagerExt};
+/// use pglock::InMemoryLockManager;
 /// use pglock_testing::{Stage, pause_at};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {

@@ -1,7 +1,8 @@
 //! A TCP proxy between the code under test and PostgreSQL that a test controls: it can stop
 //! forwarding while keeping every socket open (a partition, as both ends see one), close every
-//! connection (a reset), delay what it forwards, and send new connections elsewhere (the
-//! moving endpoint of a failover).
+//! connection (a reset), delay what it forwards, send new connections elsewhere (the moving
+//! endpoint of a failover), and refuse `LISTEN` (as transaction-mode poolers and some hosted
+//! endpoints do).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
@@ -41,6 +42,8 @@ struct Shared {
     /// Reads forwarded from clients to the server.
     client_writes: AtomicU64,
     delay_ms: AtomicU64,
+    /// `LISTEN` statements are turned into a syntax error on their way to the server.
+    refuse_listen: std::sync::atomic::AtomicBool,
     blackholed: watch::Sender<bool>,
     pumps: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -59,6 +62,7 @@ impl Proxy {
             target: AtomicU16::new(target_port),
             client_writes: AtomicU64::new(0),
             delay_ms: AtomicU64::new(0),
+            refuse_listen: std::sync::atomic::AtomicBool::new(false),
             blackholed: watch::channel(false).0,
             pumps: Mutex::new(Vec::new()),
         });
@@ -107,6 +111,14 @@ impl Proxy {
         self.shared.delay_ms.store(ms, Ordering::SeqCst);
     }
 
+    /// Makes the server refuse every `LISTEN` (and `UNLISTEN`) the clients send from now on, as
+    /// PgBouncer in transaction mode and hosted transaction-mode endpoints do: the statement's
+    /// keyword is changed on its way, so the server answers a syntax error. Everything else
+    /// passes unchanged.
+    pub fn refuse_listen(&self, refuse: bool) {
+        self.shared.refuse_listen.store(refuse, Ordering::SeqCst);
+    }
+
     /// Sends new connections to `port`; open ones stay where they are until reset.
     pub fn retarget(&self, port: u16) {
         self.shared.target.store(port, Ordering::SeqCst);
@@ -148,6 +160,21 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
+/// Turns every `LISTEN ` in `bytes` into `LISTEX `, a statement the server refuses, keeping
+/// the message's length (a keyword split across two reads passes: the tests' are not).
+fn spoil_listen(bytes: &mut [u8]) {
+    const KEYWORD: &[u8] = b"LISTEN ";
+    let mut at = 0;
+    while at + KEYWORD.len() <= bytes.len() {
+        if bytes[at..].starts_with(KEYWORD) {
+            bytes[at + 5] = b'X';
+            at += KEYWORD.len();
+        } else {
+            at += 1;
+        }
+    }
+}
+
 async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, shared: Arc<Shared>, up: bool) {
     let mut blackholed = shared.blackholed.subscribe();
     let mut buf = vec![0u8; 16 * 1024];
@@ -169,6 +196,9 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, shared: Arc<Share
         // Bytes read just before a blackhole are held back, not delivered.
         if blackholed.wait_for(|on| !*on).await.is_err() {
             return;
+        }
+        if up && shared.refuse_listen.load(Ordering::SeqCst) {
+            spoil_listen(&mut buf[..n]);
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;

@@ -10,7 +10,7 @@
 //! | `turn.rs` | the per-key FIFO queue of one manager's tasks, and the in-process handoff |
 //! | `slots.rs` | the table of per-key queues, which forgets keys nobody waits for |
 //! | `budget.rs` | how many locks the manager may hold at once |
-//! | `cycles.rs` | lock-order cycles among the manager's own callers |
+//! | `cycles/` | lock-order cycles: among the manager's own callers, and through others by probes |
 //! | `options.rs` | what the engine is built with, and the part both managers' builders share |
 
 mod budget;
@@ -33,7 +33,7 @@ use tracing::Instrument;
 
 pub(crate) use self::budget::Budget;
 use self::budget::Slot;
-pub(crate) use self::cycles::Waits;
+pub(crate) use self::cycles::{Cycle, Waits};
 pub(crate) use self::guard::CoreGuard;
 pub(crate) use self::options::{CommonOptions, HandoffLimits, Options};
 pub(crate) use self::registry::Watched;
@@ -359,7 +359,7 @@ impl<B: Backend> Core<B> {
     async fn acquire_traced(self: &Arc<Self>, request: &Request<'_>) -> Result<Acquired<B>> {
         // A caller inside sections of this manager holds keys while it waits: registered, so a
         // wait that would close a cycle fails at once, and one that closes a cycle through
-        // other managers fails once probes have found it (see `cycles.rs`).
+        // other managers fails once probes have found it (see `cycles/`).
         let held = crate::scope::held_by(&self.holder_id);
         if held.is_empty() {
             return self.acquire_waiting(request).await;

@@ -30,7 +30,9 @@ pub(super) async fn read(
         return Ok(());
     }
     // The name is a quoted identifier (see `FencingTable`), never raw user text.
-    let sql = format!("SELECT lock_id, updated_at FROM {table} WHERE lock_id = ANY($1)");
+    let sql = format!(
+        "SELECT lock_id, updated_at FROM {table} WHERE lock_id OPERATOR(pg_catalog.=) ANY($1)"
+    );
     let rows: Vec<(i64, DateTime<Utc>)> = match sqlx::query_as(AssertSqlSafe(sql))
         .bind(&ids)
         .fetch_all(pool)

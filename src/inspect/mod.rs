@@ -226,22 +226,29 @@ pub const DEFAULT_APPLICATION_NAME_PREFIX: &str = "pglock:";
 // missing table costs no failed statement (nor a line in the server's log) per inspection.
 // `to_regclass` fails on a schema the role may not use, hence the USAGE check before it.
 const REPORT: &str = "\
-SELECT l.classid::int8 AS classid, l.objid::int8 AS objid, l.objsubid::int2 AS objsubid, \
+SELECT l.classid::bigint AS classid, l.objid::bigint AS objid, l.objsubid::smallint AS objsubid, \
        l.granted, \
-       l.mode = 'ShareLock' AS shared, l.pid, a.application_name, \
-       host(a.client_addr) AS client_addr, a.client_port, a.backend_start, a.state, \
-       CASE WHEN NOT l.granted THEN (to_jsonb(l) ->> 'waitstart')::timestamptz \
-            WHEN a.state LIKE 'idle%' THEN a.state_change END AS since, \
-       statement_timestamp() AS observed_at, \
-       CASE WHEN $4::text IS NOT NULL AND NOT coalesce((SELECT has_schema_privilege(n.oid, \
-              'USAGE') FROM pg_namespace n WHERE n.nspname = $4::text), false) THEN false \
-            ELSE coalesce(has_table_privilege(to_regclass($3::text), 'SELECT'), false) \
+       l.mode OPERATOR(pg_catalog.=) 'ShareLock' AS shared, l.pid, a.application_name, \
+       pg_catalog.host(a.client_addr) AS client_addr, a.client_port, a.backend_start, a.state, \
+       CASE WHEN NOT l.granted \
+              THEN (pg_catalog.to_jsonb(l) OPERATOR(pg_catalog.->>) 'waitstart')::timestamp with time zone \
+            WHEN a.state OPERATOR(pg_catalog.~~) 'idle%' THEN a.state_change END AS since, \
+       pg_catalog.statement_timestamp() AS observed_at, \
+       CASE WHEN $4::pg_catalog.text IS NOT NULL AND NOT coalesce((SELECT \
+              pg_catalog.has_schema_privilege(n.oid, 'USAGE') FROM pg_catalog.pg_namespace n \
+              WHERE n.nspname OPERATOR(pg_catalog.=) $4::pg_catalog.text), false) THEN false \
+            ELSE coalesce(pg_catalog.has_table_privilege( \
+              pg_catalog.to_regclass($3::pg_catalog.text), 'SELECT'), false) \
        END AS grants_readable \
-FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-WHERE l.locktype = 'advisory' AND l.objsubid IN (1, 2) \
-  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-  AND ($1::int8 IS NULL OR (l.classid = $1::int8::oid AND l.objid = $2::int8::oid \
-       AND l.objsubid = $5::int2)) \
+FROM pg_catalog.pg_locks l \
+  LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid \
+WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' \
+  AND (l.objsubid OPERATOR(pg_catalog.=) 1 OR l.objsubid OPERATOR(pg_catalog.=) 2) \
+  AND l.database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
+    WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
+  AND ($1::bigint IS NULL OR (l.classid OPERATOR(pg_catalog.=) $1::bigint::pg_catalog.oid \
+       AND l.objid OPERATOR(pg_catalog.=) $2::bigint::pg_catalog.oid \
+       AND l.objsubid OPERATOR(pg_catalog.=) $5::smallint)) \
 ORDER BY l.objsubid, l.classid, l.objid, l.granted DESC, since NULLS LAST, \
          a.query_start NULLS LAST, l.pid";
 

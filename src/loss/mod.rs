@@ -280,7 +280,7 @@ impl LossSignal {
     /// Cancel safe: dropping the future drops `work`.
     ///
     /// ```
-    /// use pglock::{InMemoryLockManager, LockManagerExt, LossCause};
+    /// use pglock::{InMemoryLockManager, LossCause};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::Result<()> {
     /// let locks = InMemoryLockManager::new();

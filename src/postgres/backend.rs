@@ -100,6 +100,31 @@ impl PgBackend {
     }
 }
 
+impl PgBackend {
+    /// [`PostgresLockManager::check_server`](crate::PostgresLockManager::check_server).
+    pub(crate) async fn check_server(&self, key: &LockKey) -> Result<super::ServerCheck> {
+        let started = Instant::now();
+        let conn = match self.pool.acquire().await {
+            Ok(conn) => conn,
+            Err(err) => {
+                let failure =
+                    crate::sql::errors::Failure::from_checkout(&self.pool, err, started.elapsed());
+                return Err(failure.await.into_error(key));
+            }
+        };
+        let mut session = PgSession::new(conn, Arc::clone(&self.idle));
+        let options = self.pool.connect_options();
+        super::server_check::check(
+            &mut session,
+            &options,
+            self.allow_standby,
+            self.release_timeout,
+        )
+        .await
+        .map_err(|failure| failure.into_error(key))
+    }
+}
+
 /// What a failed command on a lock session means for an acquisition.
 fn acquire_error(req: &Request<'_>, err: SessionError) -> Error {
     match err {

@@ -519,8 +519,9 @@ pub(crate) fn documented_defaults() -> Vec<(&'static str, String)> {
         let set_up = super::wait_session::SetUp {
             standby: false,
             max_locks_per_transaction: max_locks,
+            identity: Default::default(),
         };
-        super::sessions::default_budget(&pool(size), set_up)
+        super::sessions::default_budget(&pool(size), &set_up)
     };
     let formula = budget(64, 10) == 640 && budget(128, 3) == 384;
     vec![

@@ -20,10 +20,14 @@
 //! timeout; closing it frees every flag with it, so nothing it held can outlive it.
 //!
 //! The listener also carries the probes that find lock-order cycles through other managers
-//! (see `core/cycles.rs`), on [`PROBE_CHANNEL`], from the moment a caller of the manager that
-//! waits inside a critical section has to wait for a lock held elsewhere, for as long as any
-//! such caller waits: a wait that has lasted the server's `deadlock_timeout` sends one, and
-//! every probe heard is answered.
+//! (see `core/cycles/` and `probes.rs`), from the moment a caller of the manager that waits
+//! inside a critical section has to wait for a lock held elsewhere, for as long as any such
+//! caller waits: a wait that has lasted the server's `deadlock_timeout` sends one, every probe
+//! heard is answered, and a cycle is confirmed against the server before it ends a wait.
+//!
+//! Anybody who may connect can notify either channel: a notification is a reason to look,
+//! never a fact. A forged `pglock_unlocked` costs a try; a forged probe, a notification
+//! passed on and at most one confirmation per wait and `deadlock_timeout`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -34,11 +38,9 @@ use sqlx::{AssertSqlSafe, PgPool};
 use tokio::sync::Notify;
 use tokio::time::{Instant, MissedTickBehavior, interval, sleep_until, timeout};
 
-use super::statements::{UNLOCKED_CHANNEL, flag_args};
-use crate::core::{FastHash, Waits};
-
-/// The channel of the probes that find lock-order cycles across managers.
-const PROBE_CHANNEL: &str = "pglock_probe";
+use super::probes::{self, PROBE_CHANNEL};
+use super::statements::{UNLOCKED_CHANNEL, flag_args, pair_args};
+use crate::core::{Cycle, FastHash, Waits};
 
 /// The server's `deadlock_timeout` until the listener has read it.
 const DEFAULT_DEADLOCK_TIMEOUT: Duration = Duration::from_secs(1);
@@ -238,13 +240,20 @@ impl Inner {
                 heard = link.next(&self) => heard,
             };
             let mut probes = Vec::new();
+            let mut cycles = Vec::new();
             match event {
                 Event::Tick => {
                     self.tick.notify_waiters();
                     probes = self.config.waits.due_probes(self.deadlock_timeout());
                 }
                 Event::Changed => {}
-                Event::Probe(message) => probes = self.config.waits.on_probe(&message),
+                Event::Probe(message) => {
+                    let heard = self
+                        .config
+                        .waits
+                        .on_probe(&message, self.deadlock_timeout());
+                    (probes, cycles) = (heard.pass_on, heard.to_confirm);
+                }
                 Event::Connected => {
                     // Whatever was released while nobody listened is found by a try.
                     self.state().listening = true;
@@ -256,11 +265,15 @@ impl Inner {
                     self.tick.notify_waiters();
                 }
             }
-            if let Link::Up(up) = &mut link
-                && let Err(err) = up.sync(&self, &probes).await
-            {
-                tracing::debug!(%err, "the waiters' listener failed; waiters poll meanwhile");
-                link.close(&self).await;
+            if let Link::Up(up) = &mut link {
+                if let Err(err) = up.sync(&self, &probes, cycles).await {
+                    tracing::debug!(%err, "the waiters' listener failed; waiters poll meanwhile");
+                    link.close(&self).await;
+                }
+            } else {
+                for cycle in cycles {
+                    self.config.waits.settle(cycle, false);
+                }
             }
             // Nobody waits: stop after the linger time.
             let stop = {
@@ -312,6 +325,8 @@ struct Listening {
     listener: PgListener,
     /// The flags this connection holds.
     raised: HashSet<i64>,
+    /// The markers of the manager's waits named in probes it holds (see `probes.rs`).
+    markers: HashSet<i64>,
 }
 
 impl Link {
@@ -427,8 +442,9 @@ impl Listening {
                 .listen_all([UNLOCKED_CHANNEL, PROBE_CHANNEL])
                 .await?;
             let deadlock_timeout: i64 = sqlx::query_scalar(
-                "SELECT (extract(epoch FROM current_setting('deadlock_timeout')::interval) \
-                 * 1000)::int8",
+                "SELECT (pg_catalog.date_part('epoch', \
+                 pg_catalog.current_setting('deadlock_timeout')::interval) \
+                 OPERATOR(pg_catalog.*) 1000)::bigint",
             )
             .fetch_one(&mut listener)
             .await?;
@@ -440,6 +456,7 @@ impl Listening {
                     pool,
                     listener,
                     raised: HashSet::new(),
+                    markers: HashSet::new(),
                 },
                 deadlock_timeout,
             )),
@@ -454,51 +471,95 @@ impl Listening {
         }
     }
 
-    /// Sends `probes`; raises the flags of the locks now waited for and lowers the others;
-    /// rings the bells of those just raised, so their waiters try once more with the flag up.
-    async fn sync(&mut self, inner: &Inner, probes: &[String]) -> Result<(), sqlx::Error> {
+    /// Holds the markers of the waits named in probes (before `probes`, which name them, are
+    /// sent); raises the flags of the locks now waited for and lowers the others, ringing the
+    /// bells of those just raised, so their waiters try once more with the flag up; confirms
+    /// `cycles` against the server.
+    async fn sync(
+        &mut self,
+        inner: &Inner,
+        probes: &[String],
+        cycles: Vec<Cycle>,
+    ) -> Result<(), sqlx::Error> {
         let bound = inner.config.statement_timeout;
-        if !probes.is_empty() {
-            let sql = format!(
-                "SELECT count(pg_notify('{PROBE_CHANNEL}', m)) FROM unnest($1::text[]) AS m"
-            );
-            let query = sqlx::query(AssertSqlSafe(sql)).bind(probes);
-            timeout(bound, query.execute(&mut self.listener))
-                .await
-                .map_err(|_| sqlx::Error::PoolTimedOut)??;
+        let waits = &inner.config.waits;
+        let conn = &mut self.listener;
+        let markers = waits.markers();
+        let settled = async {
+            // Before the probes that name them: a marker somebody holds exclusively leaves the
+            // cycles through that wait unconfirmed (they end at their deadlines).
+            hold_shared(&mut *conn, &mut self.markers, &markers, pair_args, bound).await?;
+            probes::send(&mut *conn, probes, bound).await
         }
-        let wanted = inner.wanted();
-        let raise: Vec<i64> = wanted.difference(&self.raised).copied().collect();
-        let lower: Vec<i64> = self.raised.difference(&wanted).copied().collect();
-        if !lower.is_empty() {
-            let sql = format!(
-                "SELECT count(pg_advisory_unlock_shared({})) FROM unnest($1::int8[]) AS t(id)",
-                flag_args("t.id")
-            );
-            let query = sqlx::query(AssertSqlSafe(sql)).bind(&lower);
-            timeout(bound, query.execute(&mut self.listener))
-                .await
-                .map_err(|_| sqlx::Error::PoolTimedOut)??;
-            for id in &lower {
-                self.raised.remove(id);
+        .await;
+        if let Err(err) = settled {
+            for cycle in cycles {
+                waits.settle(cycle, false);
             }
+            return Err(err);
         }
-        if !raise.is_empty() {
-            // A try, not a wait: the flag is taken exclusively only for the instant of a
-            // release, which a try that fails here has just passed (the waiter's next try
-            // finds the lock free). It is raised at the next look.
-            let sql = format!(
-                "SELECT t.id FROM unnest($1::int8[]) AS t(id) \
-                 WHERE pg_try_advisory_lock_shared({})",
-                flag_args("t.id")
-            );
-            let query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql)).bind(&raise);
-            let raised = timeout(bound, query.fetch_all(&mut self.listener))
-                .await
-                .map_err(|_| sqlx::Error::PoolTimedOut)??;
-            self.raised.extend(raised.iter().copied());
-            inner.wake(raise);
-        }
+        self.sync_flags(inner).await?;
+        probes::confirm(&mut self.listener, waits, cycles, bound).await
+    }
+
+    /// Raises the flags of the locks now waited for and lowers the others; rings the bells of
+    /// those just raised, so their waiters try once more with the flag up.
+    async fn sync_flags(&mut self, inner: &Inner) -> Result<(), sqlx::Error> {
+        let bound = inner.config.statement_timeout;
+        let wanted = inner.wanted();
+        // A try, not a wait: the flag is taken exclusively only for the instant of a release,
+        // which a try that fails here has just passed (the waiter's next try finds the lock
+        // free). It is raised at the next look.
+        let tried = hold_shared(
+            &mut self.listener,
+            &mut self.raised,
+            &wanted,
+            flag_args,
+            bound,
+        );
+        inner.wake(tried.await?);
         Ok(())
     }
+}
+
+/// Takes shared, on `conn`, the two-integer locks whose arguments `args` makes of each id in
+/// `wanted` that `held` lacks, and lets go of those in `held` no longer wanted; answers the ids
+/// it tried to take. A lock somebody holds exclusively is not taken: it is tried again at the
+/// next call.
+async fn hold_shared(
+    conn: &mut PgListener,
+    held: &mut HashSet<i64>,
+    wanted: &HashSet<i64>,
+    args: fn(&str) -> String,
+    bound: Duration,
+) -> Result<Vec<i64>, sqlx::Error> {
+    let lower: Vec<i64> = held.difference(wanted).copied().collect();
+    let raise: Vec<i64> = wanted.difference(held).copied().collect();
+    if !lower.is_empty() {
+        let sql = format!(
+            "SELECT pg_catalog.count(pg_catalog.pg_advisory_unlock_shared({})) \
+             FROM pg_catalog.unnest($1::bigint[]) AS t(id)",
+            args("t.id")
+        );
+        let query = sqlx::query(AssertSqlSafe(sql)).bind(&lower);
+        timeout(bound, query.execute(&mut *conn))
+            .await
+            .map_err(|_| sqlx::Error::PoolTimedOut)??;
+        for id in &lower {
+            held.remove(id);
+        }
+    }
+    if !raise.is_empty() {
+        let sql = format!(
+            "SELECT t.id FROM pg_catalog.unnest($1::bigint[]) AS t(id) \
+             WHERE pg_catalog.pg_try_advisory_lock_shared({})",
+            args("t.id")
+        );
+        let query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql)).bind(&raise);
+        let taken = timeout(bound, query.fetch_all(conn))
+            .await
+            .map_err(|_| sqlx::Error::PoolTimedOut)??;
+        held.extend(taken);
+    }
+    Ok(raise)
 }

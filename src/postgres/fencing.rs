@@ -50,8 +50,8 @@ use crate::sql::table::OwnTable;
 /// table moved into a new cluster (dump and restore) repeats unreplicated tokens at its first
 /// failovers until its timeline passes the stored tokens'; restoring an old copy of the data
 /// directory without recovery takes tokens back. Durability against a machine crash rests on
-/// the server's `fsync`, as for any commit. The repository's failure model
-/// (`docs/failure-model.md`) has the limits.
+/// the server's `fsync`, as for any commit. The [failure model](https://github.com/pglock-rs/pglock/blob/main/docs/failure-model.md)
+/// has the limits.
 ///
 /// The name is used as given, quoted as an identifier (so it is case-sensitive and any
 /// character is allowed); `schema.table` names a table in a schema, and an unqualified name
@@ -69,7 +69,8 @@ use crate::sql::table::OwnTable;
 /// ```sql
 /// -- as the owner, in a migration
 /// CREATE TABLE IF NOT EXISTS pglock_fencing_tokens (lock_id bigint PRIMARY KEY,
-///   token bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now());
+///   token bigint NOT NULL, updated_at timestamp with time zone NOT NULL
+///   DEFAULT pg_catalog.now());
 /// GRANT SELECT, INSERT, UPDATE ON pglock_fencing_tokens TO app;
 /// ```
 ///
@@ -116,7 +117,7 @@ impl FencingTable {
     pub fn ddl(&self) -> String {
         format!(
             "CREATE TABLE IF NOT EXISTS {} (lock_id bigint PRIMARY KEY, token bigint NOT NULL, \
-             updated_at timestamptz NOT NULL DEFAULT now())",
+             updated_at timestamp with time zone NOT NULL DEFAULT pg_catalog.now())",
             self.table.quoted()
         )
     }
@@ -126,7 +127,7 @@ impl FencingTable {
     pub(crate) fn mint(&self, id: &str) -> String {
         format!(
             "INSERT INTO {t} AS f (lock_id, token, updated_at) \
-             SELECT {id}, {EPOCH} + 1, {GRANTED_AT} WHERE {DURABLE} {NEXT}",
+             SELECT {id}, {EPOCH} OPERATOR(pg_catalog.+) 1, {GRANTED_AT} WHERE {DURABLE} {NEXT}",
             t = self.table.quoted()
         )
     }
@@ -136,7 +137,7 @@ impl FencingTable {
     pub(crate) fn mint_if_granted(&self, source: &str, id: &str) -> String {
         format!(
             "INSERT INTO {t} AS f (lock_id, token, updated_at) \
-             SELECT {id}, {EPOCH} + 1, {GRANTED_AT} FROM {source} \
+             SELECT {id}, {EPOCH} OPERATOR(pg_catalog.+) 1, {GRANTED_AT} FROM {source} \
              WHERE {source}.granted AND {DURABLE} {NEXT}",
             t = self.table.quoted()
         )
@@ -151,25 +152,27 @@ impl FencingTable {
 // have missed the latest tokens of the old primary (asynchronous replication), but its first
 // token is `((epoch + 1) << 40) + 1`, above all of them. Rows written before the epoch existed
 // (plain counters) are below every epoch's first token, so upgrading keeps tokens increasing.
-const EPOCH: &str =
-    "(('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 << 40)";
+const EPOCH: &str = "((('x' OPERATOR(pg_catalog.||) \
+     pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8)\
+     )::bit(32)::bigint) OPERATOR(pg_catalog.<<) 40)";
 /// Makes the minting transaction's commit wait for its WAL flush whatever the session's
 /// `synchronous_commit`: a token lost in a crash could be handed out again. `local`, not `on`:
 /// the flush to this server's disk is what a crash needs; waiting for a synchronous standby
 /// would let a slow or missing standby stall the statement past the lock session's statement
 /// bound, and closing the session would drop every other lock on it. The timeline in the
 /// token covers what a standby missed.
-const DURABLE: &str = "set_config('synchronous_commit', 'local', true) IS NOT NULL";
+const DURABLE: &str = "pg_catalog.set_config('synchronous_commit', 'local', true) IS NOT NULL";
 /// The next token: one above the last, and never below the epoch's first.
 const NEXT: &str = "ON CONFLICT (lock_id) DO UPDATE \
-     SET token = GREATEST(f.token + 1, EXCLUDED.token), updated_at = EXCLUDED.updated_at \
+     SET token = GREATEST(f.token OPERATOR(pg_catalog.+) 1, EXCLUDED.token), \
+       updated_at = EXCLUDED.updated_at \
      RETURNING f.token";
 /// The row's `updated_at`: the grant, by the server's clock, which `pglock::inspect` reads as
 /// an exclusive holder's true grant time. Read as the row is written, after the lock function
 /// returned (earlier in the statement, or in an earlier statement of the same message), so it
 /// is never before the grant. Not `now()`: that is the transaction's start, which for a wait
 /// message (one implicit transaction) is the start of the wait.
-const GRANTED_AT: &str = "clock_timestamp()";
+const GRANTED_AT: &str = "pg_catalog.clock_timestamp()";
 
 impl Default for FencingTable {
     fn default() -> Self {

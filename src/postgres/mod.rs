@@ -10,6 +10,7 @@
 //! | `wait.rs`, `wait_session.rs` | contended waits: in the server's queue on sessions of their own, or without one; reuse of those sessions |
 //! | `doorbell.rs` | what wakes a wait without a connection, and carries the probes for lock-order cycles |
 //! | `monitor.rs` | turning a session's end into the loss of exactly its locks |
+//! | `server_check.rs` | what the server is, and the proof that its advisory locks exclude |
 //! | `statements.rs`, `fencing.rs` | the lock statements, fencing tokens (what a failed statement means is in `crate::sql`) |
 
 pub(crate) mod backend;
@@ -18,6 +19,8 @@ mod doorbell;
 mod fencing;
 mod lock_session;
 mod monitor;
+mod probes;
+mod server_check;
 mod sessions;
 pub(crate) mod statements;
 mod wait;
@@ -32,6 +35,7 @@ pub use self::builder::PostgresLockManagerBuilder;
 #[cfg(test)]
 pub(crate) use self::builder::documented_defaults;
 pub use self::fencing::FencingTable;
+pub use self::server_check::ServerCheck;
 
 use self::backend::PgBackend;
 use crate::core::Core;
@@ -52,8 +56,6 @@ use crate::core::Core;
 /// pool are two holders, which exclude each other and each open their own lock sessions.
 ///
 /// ```no_run
-/// use std::time::Duration;
-///
 /// # async fn run() -> Result<(), sqlx::Error> {
 /// let pool = sqlx::PgPool::connect("postgres://localhost/app").await?;
 /// let locks = pglock::PostgresLockManager::builder(pool)
@@ -174,8 +176,8 @@ use crate::core::Core;
 /// session as `idle_session_timeout`, with TCP timeouts to match): a process that is frozen or
 /// cut off from the server loses its locks within that bound, and learns it
 /// ([`LossCause::Expired`](crate::LossCause::Expired)) before its work under the guard is polled
-/// again. The repository's failure model (`docs/failure-model.md`) has the measured latencies
-/// and the limits.
+/// again. The [failure model](https://github.com/pglock-rs/pglock/blob/main/docs/failure-model.md) has the measured latencies and
+/// the limits.
 ///
 /// # Cancel safety
 ///
@@ -220,6 +222,37 @@ impl PostgresLockManager {
     /// How many lock sessions the manager has open right now.
     pub fn lock_session_count(&self) -> usize {
         self.core.backend.sessions.open_count()
+    }
+
+    /// Checks now, instead of at the first acquisition, that the server's advisory locks
+    /// exclude: what the engine is (CockroachDB, YugabyteDB with its advisory locks silenced
+    /// and Citus are refused by name), that it is not a standby (unless
+    /// [`allow_standby`](PostgresLockManagerBuilder::allow_standby)), and the proof: a salted
+    /// lock taken on a connection of the pool must be refused to a second connection of its
+    /// own, then released and taken by the second. Also reports whether the server delivers
+    /// notifications (`LISTEN`), which waits without a connection of their own and cycle
+    /// detection across processes use. Call it at start-up, where a refusal should stop the
+    /// service; the manager runs the same proof once by itself, when its first lock session
+    /// is set up.
+    ///
+    /// It costs a checkout, a connection of its own for the moment of the proof, and six short
+    /// statements; the [benchmarks](https://github.com/pglock-rs/pglock/blob/main/docs/benchmarks.md) have the measured time.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnsupportedServer`](crate::Error::UnsupportedServer) naming what was found
+    /// and what to do; [`Error::Standby`](crate::Error::Standby);
+    /// [`Error::TransactionPooling`](crate::Error::TransactionPooling) when both connections
+    /// reached one server session; the connection failures of an acquisition. Their key is
+    /// `pglock:server-check`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the proof's connection closes when dropped, and a checked-out connection
+    /// cut short mid-statement is closed, not pooled, so the salted lock never outlives it.
+    pub async fn check_server(&self) -> crate::Result<ServerCheck> {
+        let key = crate::LockKey::from("pglock:server-check");
+        self.core.backend.check_server(&key).await
     }
 
     /// Checks the fencing table now (creating it where it is missing and the role may), if

@@ -34,6 +34,8 @@ struct Inner {
     config: SessionsConfig,
     context: Arc<SessionContext>,
     fencing_ready: Arc<OnceCell<()>>,
+    /// Set once a lock session of this manager has proved the server's locks exclude.
+    server_checked: OnceCell<super::server_check::ServerCheck>,
     monitor: Arc<Monitor>,
     budget: Arc<Budget>,
     /// Where a retired session's connection goes: straight back to the pool.
@@ -69,6 +71,7 @@ impl LockSessions {
                 config,
                 context,
                 fencing_ready,
+                server_checked: OnceCell::new(),
                 monitor,
                 budget,
                 returns: IdleSessions::new(0, Duration::ZERO),
@@ -174,7 +177,7 @@ pub(crate) enum Unavailable {
 /// so the default budgets of all managers together stay within the table's nominal size,
 /// whatever the size of the fleet, and the table's spare room stays with the rest of the
 /// database.
-pub(crate) fn default_budget(pool: &PgPool, set_up: SetUp) -> usize {
+pub(crate) fn default_budget(pool: &PgPool, set_up: &SetUp) -> usize {
     let connections = pool.options().get_max_connections() as usize;
     set_up
         .max_locks_per_transaction
@@ -258,13 +261,29 @@ impl Inner {
             .await
             .map_err(|_| unanswered())?
             .map_err(|err| Failure::from_sqlx(&err))?;
-        self.budget.set_default(default_budget(&self.pool, set_up));
+        self.budget.set_default(default_budget(&self.pool, &set_up));
         let standby = set_up.standby;
         if standby && !self.config.allow_standby {
             // Closed, not pooled: a connection to a standby is of no use to this pool, and
             // one kept would be handed out again (a set-up session is not checked twice).
             session.mark_dirty();
             return Err(Failure::Standby);
+        }
+        if let Some(refused) = set_up.identity.refusal() {
+            session.mark_dirty();
+            return Err(refused);
+        }
+        // Once per manager, on its first lock session: the proof that the server's advisory
+        // locks exclude (a second session of the server is refused a lock this one holds).
+        let pid = session.pid;
+        let options = self.pool.connect_options();
+        let proved = self
+            .server_checked
+            .get_or_try_init(|| super::server_check::prove(session.conn(), pid, &options, bound));
+        if let Err(failure) = proved.await {
+            // It may hold the salted lock still: closed, not pooled.
+            session.mark_dirty();
+            return Err(failure);
         }
         if let Some(table) = &statements.fencing {
             let ready = self

@@ -16,25 +16,34 @@ use crate::{LockMode, LockTarget};
 const CLIENT_CHECK_MS: u32 = 200;
 
 /// Sets up a session the manager is about to use: reports its process id, whether the server
-/// is a standby and its `max_locks_per_transaction` (for the default budget of held locks), and
-/// the values the settings named in `$1` had (NULL where the server has no such setting), and
-/// then gives them the values in `$2`, skipping those the server does not know (an older
-/// server lacks `idle_session_timeout`). The materialized CTE reads the old values before the
-/// outer query changes them.
+/// is a standby and its `max_locks_per_transaction` (for the default budget of held locks), the
+/// values the settings named in `$1` had (NULL where the server has no such setting), and what
+/// the engine is (`version()`, YugabyteDB's setting that silences its advisory locks, whether
+/// the citus extension is installed: see `server_check.rs`), and then gives the settings the
+/// values in `$2`, skipping those the server does not know (an older server lacks
+/// `idle_session_timeout`). The materialized CTE reads the old values before the outer query
+/// changes them.
 pub(crate) const SETUP: &str = "WITH before AS MATERIALIZED (\
-       SELECT pg_backend_pid() AS pid, pg_is_in_recovery() AS standby, \
-         current_setting('max_locks_per_transaction')::int8 AS max_locks, \
-         ARRAY(SELECT current_setting(n, true) FROM unnest($1::text[]) WITH ORDINALITY AS s(n, i) \
+       SELECT pg_catalog.pg_backend_pid() AS pid, pg_catalog.pg_is_in_recovery() AS standby, \
+         pg_catalog.current_setting('max_locks_per_transaction')::bigint AS max_locks, \
+         ARRAY(SELECT pg_catalog.current_setting(n, true) \
+           FROM pg_catalog.unnest($1::pg_catalog.text[]) WITH ORDINALITY AS s(n, i) \
            ORDER BY i) AS settings) \
      SELECT pid, standby, max_locks, settings, \
-       (SELECT count(set_config(n, v, false)) FROM unnest($1::text[], $2::text[]) AS s(n, v) \
-          WHERE current_setting(n, true) IS NOT NULL) \
+       (SELECT pg_catalog.count(pg_catalog.set_config(n, v, false)) \
+          FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), \
+            pg_catalog.unnest($2::pg_catalog.text[])) AS s(n, v) \
+          WHERE pg_catalog.current_setting(n, true) IS NOT NULL), \
+       pg_catalog.version(), \
+       pg_catalog.current_setting('yb_silence_advisory_locks_not_supported_error', true), \
+       EXISTS (SELECT FROM pg_catalog.pg_extension \
+         WHERE extname OPERATOR(pg_catalog.=) 'citus') \
      FROM before";
 
 /// Gives the settings named in `$1` the values in `$2` again: what they were before the
 /// manager set the session up.
-pub(crate) const RESTORE: &str =
-    "SELECT count(set_config(n, v, false)) FROM unnest($1::text[], $2::text[]) AS s(n, v)";
+pub(crate) const RESTORE: &str = "SELECT pg_catalog.count(pg_catalog.set_config(n, v, false)) \
+     FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), pg_catalog.unnest($2::pg_catalog.text[])) AS s(n, v)";
 
 /// What the manager sets on every session it uses, and restores before the session goes back
 /// to the pool.
@@ -105,17 +114,25 @@ fn slot(mode: LockMode, target: LockTarget) -> usize {
 /// it expects (`CASE WHEN pg_backend_pid() = <pid>`): behind a transaction-pooling proxy a
 /// statement may land on another server session, where a session lock would be stranded. It
 /// answers NULL there, and nothing is taken.
+///
+/// Every function, operator and type a statement names is `pg_catalog`'s, named so, whatever
+/// the session's `search_path` (see `crate::sql::pg`); types with an SQL keyword (`bigint`,
+/// `integer`) are `pg_catalog`'s by the grammar.
 fn bound_args(pair: bool) -> (&'static str, &'static str, &'static str) {
     if pair {
         (
             "$1, $2",
-            "(($1::int8 << 32) | ($2::int8 & 4294967295))",
+            "((($1::bigint) OPERATOR(pg_catalog.<<) 32) \
+             OPERATOR(pg_catalog.|) (($2::bigint) OPERATOR(pg_catalog.&) 4294967295))",
             PID,
         )
     } else {
         ("$1", "$1", PID)
     }
 }
+
+/// `pg_backend_pid() = {pid}`, named so a `search_path` cannot redirect it.
+const ON_OWN_BACKEND: &str = "pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.=) {backend_pid}";
 
 /// Where a session's backend pid goes in a statement's text; [`Statements::for_session`]
 /// writes the pid in, so statements bind only the lock's own arguments.
@@ -134,9 +151,17 @@ const FLAG_SALT: i64 = 0x2f3c_5a96_61d7_e4b9;
 /// with `pg_try_advisory_xact_lock`, and notifies only if that fails, so a release nobody waits
 /// for costs no notification.
 pub(crate) fn flag_args(id: &str) -> String {
+    pair_args(&format!(
+        "({id}) OPERATOR(pg_catalog.#) ({FLAG_SALT}::bigint)"
+    ))
+}
+
+/// The two `integer` arguments of the two-integer advisory lock whose halves, high and low,
+/// make the `int8` SQL expression `id` (as `pg_locks` shows them in `classid` and `objid`).
+pub(crate) fn pair_args(id: &str) -> String {
     format!(
-        "((({id}) # {FLAG_SALT}::int8) >> 32)::int4, \
-         (((({id}) # {FLAG_SALT}::int8) << 32) >> 32)::int4"
+        "(({id}) OPERATOR(pg_catalog.>>) 32)::integer, \
+         ((({id}) OPERATOR(pg_catalog.<<) 32) OPERATOR(pg_catalog.>>) 32)::integer"
     )
 }
 
@@ -144,8 +169,9 @@ pub(crate) fn flag_args(id: &str) -> String {
 /// waiters, if it unlocked and somebody flagged that they wait.
 pub(crate) fn notify_column(ok: &str, id: &str) -> String {
     format!(
-        "CASE WHEN {ok} AND NOT pg_try_advisory_xact_lock({}) \
-         THEN pg_notify('{UNLOCKED_CHANNEL}', ({id})::text)::text END",
+        "CASE WHEN {ok} AND NOT pg_catalog.pg_try_advisory_xact_lock({}) \
+         THEN pg_catalog.pg_notify('{UNLOCKED_CHANNEL}', ({id})::pg_catalog.text)::pg_catalog.text \
+         END",
         flag_args(id)
     )
 }
@@ -155,12 +181,12 @@ pub(crate) fn notify_column(ok: &str, id: &str) -> String {
 /// first, in a materialized CTE, so a waiter woken by the notification finds the lock free.
 fn unlock_statement(mode: LockMode, pair: bool) -> String {
     let function = match mode {
-        LockMode::Exclusive => "pg_advisory_unlock",
-        LockMode::Shared => "pg_advisory_unlock_shared",
+        LockMode::Exclusive => "pg_catalog.pg_advisory_unlock",
+        LockMode::Shared => "pg_catalog.pg_advisory_unlock_shared",
     };
-    let (args, id, pid) = bound_args(pair);
+    let (args, id, _) = bound_args(pair);
     format!(
-        "WITH u AS MATERIALIZED (SELECT CASE WHEN pg_backend_pid() = {pid} \
+        "WITH u AS MATERIALIZED (SELECT CASE WHEN {ON_OWN_BACKEND} \
          THEN {function}({args}) END AS ok) SELECT u.ok, {} FROM u",
         notify_column("u.ok", id)
     )
@@ -187,13 +213,13 @@ impl Statements {
         // Columns: granted, token.
         let try_statement = |mode: LockMode, pair: bool| {
             let function = match mode {
-                LockMode::Exclusive => "pg_try_advisory_lock",
-                LockMode::Shared => "pg_try_advisory_lock_shared",
+                LockMode::Exclusive => "pg_catalog.pg_try_advisory_lock",
+                LockMode::Shared => "pg_catalog.pg_try_advisory_lock_shared",
             };
-            let (args, fence, pid) = bound_args(pair);
-            let call = format!("CASE WHEN pg_backend_pid() = {pid} THEN {function}({args}) END");
+            let (args, fence, _) = bound_args(pair);
+            let call = format!("CASE WHEN {ON_OWN_BACKEND} THEN {function}({args}) END");
             match &fencing {
-                None => format!("SELECT {call}, NULL::int8"),
+                None => format!("SELECT {call}, NULL::bigint"),
                 Some(table) => format!(
                     "WITH l AS MATERIALIZED (SELECT {call} AS granted), m AS ({}) \
                      SELECT l.granted, (SELECT token FROM m) FROM l",
@@ -238,13 +264,16 @@ impl Statements {
     pub(crate) fn unlock_if_held(target: LockTarget, mode: LockMode) -> String {
         let (classid, objid) = crate::split_lock_id(target.packed());
         let (function, lock_mode) = match mode {
-            LockMode::Exclusive => ("pg_advisory_unlock", "ExclusiveLock"),
-            LockMode::Shared => ("pg_advisory_unlock_shared", "ShareLock"),
+            LockMode::Exclusive => ("pg_catalog.pg_advisory_unlock", "ExclusiveLock"),
+            LockMode::Shared => ("pg_catalog.pg_advisory_unlock_shared", "ShareLock"),
         };
+        let eq = "OPERATOR(pg_catalog.=)";
         format!(
-            "SELECT {function}({}) FROM pg_locks WHERE locktype = 'advisory' \
-             AND pid = pg_backend_pid() AND classid = {classid} AND objid = {objid} \
-             AND objsubid = {} AND mode = '{lock_mode}' AND granted",
+            "SELECT {function}({}) FROM pg_catalog.pg_locks \
+             WHERE locktype {eq} 'advisory' AND pid {eq} pg_catalog.pg_backend_pid() \
+             AND classid {eq} {classid}::bigint::pg_catalog.oid \
+             AND objid {eq} {objid}::bigint::pg_catalog.oid \
+             AND objsubid {eq} {}::smallint AND mode {eq} '{lock_mode}' AND granted",
             literal_args(target),
             target.objsubid()
         )
@@ -282,12 +311,13 @@ impl Statements {
             sql.push_str("SET LOCAL synchronous_commit = local; ");
         }
         let function = match mode {
-            LockMode::Exclusive => "pg_advisory_lock",
-            LockMode::Shared => "pg_advisory_lock_shared",
+            LockMode::Exclusive => "pg_catalog.pg_advisory_lock",
+            LockMode::Shared => "pg_catalog.pg_advisory_lock_shared",
         };
         sql.push_str(&format!(
-            "SELECT pg_backend_pid(), \
-             CASE WHEN pg_backend_pid() = {pid} THEN {function}({})::text END",
+            "SELECT pg_catalog.pg_backend_pid(), \
+             CASE WHEN {} THEN {function}({})::pg_catalog.text END",
+            ON_OWN_BACKEND.replace(PID, &pid.to_string()),
             literal_args(target)
         ));
         if let Some(table) = &self.fencing {
@@ -312,10 +342,10 @@ pub(crate) fn target_args(target: LockTarget) -> PgArguments {
     args
 }
 
-/// A target's arguments written out as integer literals.
+/// A target's arguments written out as typed literals (quoted, so `i64::MIN` parses).
 fn literal_args(target: LockTarget) -> String {
     match target {
-        LockTarget::BigInt(id) => id.to_string(),
-        LockTarget::IntPair(a, b) => format!("{a}, {b}"),
+        LockTarget::BigInt(id) => format!("'{id}'::bigint"),
+        LockTarget::IntPair(a, b) => format!("'{a}'::integer, '{b}'::integer"),
     }
 }

@@ -200,12 +200,16 @@ impl PgBackend {
             };
             let set_up = answered.map_err(|err| statement_error(req.key, err))?;
             self.budget
-                .set_default(super::sessions::default_budget(&self.pool, set_up));
+                .set_default(super::sessions::default_budget(&self.pool, &set_up));
             if set_up.standby && !self.allow_standby {
                 // Closed, not kept: a kept session counts as set up, and would be waited on
                 // without this check.
                 session.mark_dirty();
                 return Err(Failure::Standby.into_error(req.key));
+            }
+            if let Some(refused) = set_up.identity.refusal() {
+                session.mark_dirty();
+                return Err(refused.into_error(req.key));
             }
         }
         loop {

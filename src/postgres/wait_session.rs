@@ -179,12 +179,14 @@ async fn reap(idle: std::sync::Weak<IdleSessions>) {
 }
 
 /// What a session's set-up learned about its server.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct SetUp {
     /// The server is in recovery.
     pub(crate) standby: bool,
     /// The server's `max_locks_per_transaction`.
     pub(crate) max_locks_per_transaction: usize,
+    /// What the engine is.
+    pub(crate) identity: super::server_check::Identity,
 }
 
 /// A pooled connection that goes back to the pool only when it is known to be clean: no
@@ -243,17 +245,26 @@ impl PgSession {
         settings: &SessionSettings,
     ) -> Result<SetUp, sqlx::Error> {
         let sent = Instant::now();
-        let answer = sqlx::query_as::<_, (i32, bool, i64, Vec<Option<String>>, i64)>(
-            super::statements::SETUP,
-        )
-        .bind(&settings.names)
-        .bind(&settings.values)
-        .fetch_one(self.conn())
-        .await;
-        let (pid, standby, max_locks_per_transaction, before, _) = match answer {
-            Ok(row) => row,
-            Err(error) => return Err(self.unsupported_server().await.unwrap_or(error)),
-        };
+        type Row = (
+            i32,
+            bool,
+            i64,
+            Vec<Option<String>>,
+            i64,
+            String,
+            Option<String>,
+            bool,
+        );
+        let answer = sqlx::query_as::<_, Row>(super::statements::SETUP)
+            .bind(&settings.names)
+            .bind(&settings.values)
+            .fetch_one(self.conn())
+            .await;
+        let (pid, standby, max_locks_per_transaction, before, _, version, yb_silence, citus) =
+            match answer {
+                Ok(row) => row,
+                Err(error) => return Err(self.unsupported_server().await.unwrap_or(error)),
+            };
         self.mark_clean();
         self.pid = pid;
         self.heard = sent;
@@ -268,19 +279,28 @@ impl PgSession {
             }
             self.restore = Some(restore);
         }
+        let mut identity = super::server_check::Identity {
+            version,
+            yb_silence,
+            citus,
+            citus_group: None,
+        };
+        identity.complete(self.conn()).await;
         Ok(SetUp {
             standby,
             max_locks_per_transaction: usize::try_from(max_locks_per_transaction).unwrap_or(0),
+            identity,
         })
     }
 
     /// After a failed set-up: the error to report instead when the server is older than
     /// PostgreSQL 12, whose syntax the set-up needs (it would read as a syntax error).
     async fn unsupported_server(&mut self) -> Option<sqlx::Error> {
-        let version: String = sqlx::query_scalar("SELECT current_setting('server_version')")
-            .fetch_one(self.conn())
-            .await
-            .ok()?;
+        let version: String =
+            sqlx::query_scalar("SELECT pg_catalog.current_setting('server_version')")
+                .fetch_one(self.conn())
+                .await
+                .ok()?;
         let major: u32 = version.split(['.', ' ']).next()?.parse().ok()?;
         (major < 12).then(|| {
             sqlx::Error::Protocol(format!(

@@ -20,7 +20,7 @@ use super::store::{Extension, JobRecord, JobSpec, JobState, JobStore};
 /// use std::sync::Arc;
 /// use std::time::Duration;
 /// use pglock::InMemoryLockManager;
-/// use pglock::schedule::{InMemoryJobStore, RunOutcome, ScheduledJob};
+/// use pglock::schedule::{InMemoryJobStore, ScheduledJob};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> pglock::schedule::Result<()> {
 /// let job = ScheduledJob::builder(

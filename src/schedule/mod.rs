@@ -11,7 +11,7 @@
 //! ```no_run
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use pglock::{LockManager, PostgresLockManager};
+//! use pglock::LockManager;
 //! use pglock::schedule::{PostgresJobStore, RunOutcome, ScheduledJob};
 //!
 //! # async fn run(pool: sqlx::PgPool, locks: Arc<dyn LockManager>) -> pglock::schedule::Result<()> {

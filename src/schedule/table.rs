@@ -1,6 +1,7 @@
 //! Where scheduled jobs record their windows, and the statements that read and write it.
 
 use std::fmt;
+use std::sync::LazyLock;
 
 use crate::InvalidIdentifier;
 use crate::sql::table::OwnTable;
@@ -80,11 +81,11 @@ impl JobTable {
     /// The statement that creates the table if it does not exist.
     pub fn ddl(&self) -> String {
         format!(
-            "CREATE TABLE IF NOT EXISTS {} (job text PRIMARY KEY, \
-             window_start timestamptz NOT NULL, runs bigint NOT NULL, claimed_by text, \
-             claimed_at timestamptz NOT NULL, finished_at timestamptz, \
-             hold_until timestamptz NOT NULL, extensions integer NOT NULL DEFAULT 0, \
-             extended_at timestamptz)",
+            "CREATE TABLE IF NOT EXISTS {} (job pg_catalog.text PRIMARY KEY, \
+             window_start {TIME} NOT NULL, runs bigint NOT NULL, claimed_by pg_catalog.text, \
+             claimed_at {TIME} NOT NULL, finished_at {TIME}, \
+             hold_until {TIME} NOT NULL, extensions integer NOT NULL DEFAULT 0, \
+             extended_at {TIME})",
             self.table.quoted()
         )
     }
@@ -101,24 +102,27 @@ impl JobTable {
     pub fn upgrade_ddl(&self) -> String {
         format!(
             "ALTER TABLE {} ADD COLUMN IF NOT EXISTS extensions integer NOT NULL DEFAULT 0, \
-             ADD COLUMN IF NOT EXISTS extended_at timestamptz",
+             ADD COLUMN IF NOT EXISTS extended_at {TIME}",
             self.table.quoted()
         )
     }
 
     /// The columns of [`upgrade_ddl`](Self::upgrade_ddl) that the table `$1` (quoted) lacks.
     pub(super) fn missing_columns() -> &'static str {
-        "SELECT coalesce(array_agg(c ORDER BY c), '{}') \
-         FROM unnest(ARRAY['extended_at', 'extensions']) AS c \
-         WHERE NOT EXISTS (SELECT FROM pg_attribute \
-           WHERE attrelid = to_regclass($1) AND attname = c AND NOT attisdropped)"
+        "SELECT coalesce(pg_catalog.array_agg(c ORDER BY c), '{}') \
+         FROM pg_catalog.unnest(ARRAY['extended_at', 'extensions']::pg_catalog.text[]) AS c \
+         WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_attribute \
+           WHERE attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($1::pg_catalog.text) \
+           AND attname OPERATOR(pg_catalog.=) c AND NOT attisdropped)"
     }
 
     /// The job's row next to the database's clock and current window. Parameters: `$1` job,
     /// `$2` period, `$3` offset, `$4` skew tolerance (microseconds).
     pub(super) fn state(&self) -> String {
         format!(
-            "WITH {CLOCK} SELECT {CURRENT}, {RECORD} FROM clock LEFT JOIN {t} j ON j.job = $1",
+            "WITH {clock} SELECT {CURRENT}, {RECORD} FROM clock \
+             LEFT JOIN {t} j ON j.job OPERATOR(pg_catalog.=) $1",
+            clock = *CLOCK,
             t = self.table.quoted()
         )
     }
@@ -130,13 +134,13 @@ impl JobTable {
     /// the holder id.
     pub(super) fn claim(&self) -> String {
         format!(
-            "WITH {CLOCK}, claimed AS ( \
+            "WITH {clock}, claimed AS ( \
                INSERT INTO {t} AS j (job, window_start, runs, claimed_by, claimed_at, \
                                      finished_at, hold_until, extensions, extended_at) \
                SELECT $1, clock.window_start, 1, $6, clock.now, NULL, \
-                      clock.now + $5::int8 * interval '1 microsecond', 0, NULL FROM clock \
+                      clock.now OPERATOR(pg_catalog.+) {us5}, 0, NULL FROM clock \
                ON CONFLICT (job) DO UPDATE SET window_start = EXCLUDED.window_start, \
-                 runs = j.runs + 1, claimed_by = EXCLUDED.claimed_by, \
+                 runs = j.runs OPERATOR(pg_catalog.+) 1, claimed_by = EXCLUDED.claimed_by, \
                  claimed_at = EXCLUDED.claimed_at, finished_at = NULL, \
                  hold_until = EXCLUDED.hold_until, extensions = 0, extended_at = NULL \
                WHERE {CLAIMABLE} \
@@ -144,8 +148,11 @@ impl JobTable {
              SELECT true AS claimed, {CURRENT}, j.* FROM claimed j, clock \
              UNION ALL \
              SELECT false, {CURRENT}, {RECORD} \
-             FROM {t} j, clock WHERE j.job = $1 AND NOT EXISTS (SELECT FROM claimed)",
-            t = self.table.quoted()
+             FROM {t} j, clock WHERE j.job OPERATOR(pg_catalog.=) $1 \
+               AND NOT EXISTS (SELECT FROM claimed)",
+            clock = *CLOCK,
+            t = self.table.quoted(),
+            us5 = micros("$5"),
         )
     }
 
@@ -153,10 +160,11 @@ impl JobTable {
     /// microseconds) past its start, or ends now if that has passed.
     pub(super) fn finish(&self) -> String {
         format!(
-            "UPDATE {} SET finished_at = now(), \
-             hold_until = greatest(claimed_at + $3::int8 * interval '1 microsecond', now()) \
-             WHERE job = $1 AND runs = $2 AND finished_at IS NULL",
-            self.table.quoted()
+            "UPDATE {} SET finished_at = pg_catalog.now(), \
+             hold_until = GREATEST(claimed_at OPERATOR(pg_catalog.+) {}, pg_catalog.now()) \
+             WHERE {UNFINISHED_RUN}",
+            self.table.quoted(),
+            micros("$3"),
         )
     }
 
@@ -164,10 +172,11 @@ impl JobTable {
     /// once the min hold `$3` has passed since the claim, instead of at the max hold.
     pub(super) fn abandon(&self) -> String {
         format!(
-            "UPDATE {} SET hold_until = least(hold_until, \
-               greatest(claimed_at + $3::int8 * interval '1 microsecond', now())) \
-             WHERE job = $1 AND runs = $2 AND finished_at IS NULL",
-            self.table.quoted()
+            "UPDATE {} SET hold_until = LEAST(hold_until, \
+               GREATEST(claimed_at OPERATOR(pg_catalog.+) {}, pg_catalog.now())) \
+             WHERE {UNFINISHED_RUN}",
+            self.table.quoted(),
+            micros("$3"),
         )
     }
 
@@ -177,31 +186,63 @@ impl JobTable {
     /// that unfinished run.
     pub(super) fn extend(&self) -> String {
         format!(
-            "UPDATE {} SET hold_until = greatest(hold_until, \
-               least(now() + $3::int8 * interval '1 microsecond', \
-                     claimed_at + $4::int8 * interval '1 microsecond')), \
-               extensions = extensions + 1, extended_at = now() \
-             WHERE job = $1 AND runs = $2 AND finished_at IS NULL \
-             RETURNING hold_until, now() + $3::int8 * interval '1 microsecond' \
-               > claimed_at + $4::int8 * interval '1 microsecond' AS capped",
-            self.table.quoted()
+            "UPDATE {t} SET hold_until = GREATEST(hold_until, \
+               LEAST(pg_catalog.now() OPERATOR(pg_catalog.+) {us3}, \
+                     claimed_at OPERATOR(pg_catalog.+) {us4})), \
+               extensions = extensions OPERATOR(pg_catalog.+) 1, extended_at = pg_catalog.now() \
+             WHERE {UNFINISHED_RUN} \
+             RETURNING hold_until, (pg_catalog.now() OPERATOR(pg_catalog.+) {us3}) \
+               OPERATOR(pg_catalog.>) (claimed_at OPERATOR(pg_catalog.+) {us4}) AS capped",
+            t = self.table.quoted(),
+            us3 = micros("$3"),
+            us4 = micros("$4"),
         )
     }
 
     /// The time from the database's `now()` to the start of the next window, in microseconds.
     /// Parameters: `$1` period, `$2` offset (microseconds).
     pub(super) fn until_next_window() -> &'static str {
-        "SELECT (((floor((extract(epoch FROM now()) * 1000000 - $2) / $1) + 1) * $1 + $2) \
-                 - extract(epoch FROM now()) * 1000000)::int8"
+        static UNTIL: LazyLock<String> = LazyLock::new(|| {
+            let now_us = "(extract(epoch FROM pg_catalog.now()) OPERATOR(pg_catalog.*) 1000000)";
+            let windows = format!(
+                "pg_catalog.floor(({now_us} OPERATOR(pg_catalog.-) $2) OPERATOR(pg_catalog./) $1)"
+            );
+            let next_us = format!(
+                "((({windows} OPERATOR(pg_catalog.+) 1) OPERATOR(pg_catalog.*) $1) \
+                 OPERATOR(pg_catalog.+) $2)"
+            );
+            format!("SELECT ({next_us} OPERATOR(pg_catalog.-) {now_us})::bigint")
+        });
+        UNTIL.as_str()
     }
 }
 
 /// The database's clock, and the start of the window a claim made now is for: windows are
 /// aligned to whole periods since the Unix epoch, shifted by the offset, and a claim up to the
 /// skew tolerance before a window's start counts for that window. All integer microseconds.
-const CLOCK: &str = "clock AS (SELECT now() AS now, \
-    'epoch'::timestamptz + (floor((extract(epoch FROM now()) * 1000000 - $3 + $4) / $2) \
-    * $2 + $3)::float8 * interval '1 microsecond' AS window_start)";
+static CLOCK: LazyLock<String> = LazyLock::new(|| {
+    let epoch_us = "(extract(epoch FROM pg_catalog.now()) OPERATOR(pg_catalog.*) 1000000)";
+    let shifted = format!("(({epoch_us} OPERATOR(pg_catalog.-) $3) OPERATOR(pg_catalog.+) $4)");
+    let windows = format!("pg_catalog.floor({shifted} OPERATOR(pg_catalog./) $2)");
+    let start_us = format!("(({windows} OPERATOR(pg_catalog.*) $2) OPERATOR(pg_catalog.+) $3)");
+    format!(
+        "clock AS (SELECT pg_catalog.now() AS now, ('epoch'::timestamp with time zone \
+         OPERATOR(pg_catalog.+) ({start_us}::double precision \
+         OPERATOR(pg_catalog.*) interval '1 microsecond')) AS window_start)"
+    )
+});
+
+/// The column type of every time in the table.
+const TIME: &str = "timestamp with time zone";
+
+/// The unfinished run `$2` of job `$1`.
+const UNFINISHED_RUN: &str = "job OPERATOR(pg_catalog.=) $1 AND runs OPERATOR(pg_catalog.=) $2 \
+    AND finished_at IS NULL";
+
+/// The interval of `param` microseconds (a `bigint` parameter).
+fn micros(param: &str) -> String {
+    format!("({param}::bigint OPERATOR(pg_catalog.*) interval '1 microsecond')")
+}
 
 /// A record's columns, as every statement returns them.
 const RECORD: &str = "j.window_start, j.runs, j.claimed_by, j.claimed_at, j.finished_at, \
@@ -212,8 +253,8 @@ const CURRENT: &str = "clock.now AS now, clock.window_start AS current_window";
 
 /// A claim may replace the record when the previous claim is over (finished and past its min
 /// hold, or past its max hold) and either was for an earlier window or never finished.
-const CLAIMABLE: &str = "j.hold_until <= EXCLUDED.claimed_at \
-    AND (j.window_start < EXCLUDED.window_start OR j.finished_at IS NULL)";
+const CLAIMABLE: &str = "j.hold_until OPERATOR(pg_catalog.<=) EXCLUDED.claimed_at \
+    AND (j.window_start OPERATOR(pg_catalog.<) EXCLUDED.window_start OR j.finished_at IS NULL)";
 
 impl Default for JobTable {
     fn default() -> Self {

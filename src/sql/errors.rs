@@ -45,6 +45,12 @@ pub(crate) enum Failure {
     TooManyConnections(String),
     Standby,
     TransactionPooling,
+    /// The server's advisory locks cannot be trusted to exclude: what was found, and what to
+    /// do instead.
+    UnsupportedServer {
+        found: String,
+        advice: String,
+    },
     PermissionDenied {
         object: String,
         privilege: String,
@@ -98,6 +104,7 @@ impl Failure {
             Failure::PoolClosed
             | Failure::Standby
             | Failure::TransactionPooling
+            | Failure::UnsupportedServer { .. }
             | Failure::PermissionDenied { .. } => false,
         }
     }
@@ -159,6 +166,9 @@ impl Failure {
             Failure::TooManyConnections(reason) => Error::TooManyConnections { key, reason },
             Failure::Standby => Error::Standby { key },
             Failure::TransactionPooling => Error::TransactionPooling { key },
+            Failure::UnsupportedServer { found, advice } => {
+                Error::UnsupportedServer { key, found, advice }
+            }
             Failure::PermissionDenied { object, privilege } => Error::PermissionDenied {
                 key,
                 object,

@@ -30,13 +30,14 @@ pub(crate) enum Unready {
 /// A schema that does not exist counts as one the role may not create in (the table's schema
 /// is the user's to make).
 const ACCESS: &str = "SELECT t IS NOT NULL, \
-     coalesce(has_table_privilege(t, 'SELECT'), false), \
-     coalesce(has_table_privilege(t, 'INSERT'), false), \
-     coalesce(has_table_privilege(t, 'UPDATE'), false), \
-     coalesce((SELECT has_schema_privilege(s, 'CREATE') FROM pg_namespace WHERE nspname = s), \
-       false), \
+     coalesce(pg_catalog.has_table_privilege(t, 'SELECT'), false), \
+     coalesce(pg_catalog.has_table_privilege(t, 'INSERT'), false), \
+     coalesce(pg_catalog.has_table_privilege(t, 'UPDATE'), false), \
+     coalesce((SELECT pg_catalog.has_schema_privilege(s, 'CREATE') FROM pg_catalog.pg_namespace \
+       WHERE nspname OPERATOR(pg_catalog.=) s), false), \
      coalesce(s, '') \
-     FROM (SELECT to_regclass($1) AS t, coalesce($2, current_schema()) AS s) AS target";
+     FROM (SELECT pg_catalog.to_regclass($1::pg_catalog.text) AS t, \
+       coalesce($2::pg_catalog.text, pg_catalog.current_schema()::pg_catalog.text) AS s) AS target";
 
 impl OwnTable {
     pub(crate) fn new(name: &str) -> Result<Self, InvalidIdentifier> {
@@ -97,7 +98,7 @@ impl OwnTable {
             });
         }
         let setup = format!(
-            "BEGIN; SELECT pg_advisory_xact_lock({}); {ddl}; COMMIT",
+            "BEGIN; SELECT pg_catalog.pg_advisory_xact_lock('{}'::bigint); {ddl}; COMMIT",
             crate::lock_id(setup_lock)
         );
         sqlx::raw_sql(sqlx::AssertSqlSafe(setup))

@@ -4,6 +4,7 @@
 mod ages;
 pub mod child;
 pub mod clock;
+pub mod cycle;
 mod db;
 mod held;
 pub mod hooked;

@@ -36,6 +36,11 @@ impl Proxy {
         self.0.restore();
     }
 
+    /// Makes the server refuse every `LISTEN` sent through the proxy from now on.
+    pub fn refuse_listen(&self) {
+        self.0.refuse_listen(true);
+    }
+
     /// Closes every proxied connection at once, as a network that finally gives up does.
     pub fn sever(&self) {
         self.0.reset();

@@ -7,6 +7,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 /// A fresh database, an admin pool on it, and a role that owns nothing.
 pub struct Sandbox {
     pub admin: PgPool,
+    admin_options: PgConnectOptions,
     role_options: PgConnectOptions,
     database: String,
     pub role: String,
@@ -25,9 +26,10 @@ impl Sandbox {
             .expect("create the role (the test user needs CREATEROLE)");
         server.close().await;
         let options: PgConnectOptions = pglock_testing::database_url().parse().expect("url");
+        let admin_options = options.clone().database(&database);
         let admin = PgPoolOptions::new()
             .max_connections(2)
-            .connect_with(options.clone().database(&database))
+            .connect_with(admin_options.clone())
             .await
             .expect("connect as admin");
         // As PostgreSQL 15 has it by default; said out loud for older servers.
@@ -40,6 +42,7 @@ impl Sandbox {
         let role_options = options.database(&database).username(&role).password("app");
         Sandbox {
             admin,
+            admin_options,
             role_options,
             database,
             role,
@@ -66,6 +69,15 @@ impl Sandbox {
             .connect_with(self.role_options.clone())
             .await
             .expect("connect as the role")
+    }
+
+    /// A pool of at most `max` connections on the database as the test's own user.
+    pub async fn admin_pool(&self, max: u32) -> PgPool {
+        PgPoolOptions::new()
+            .max_connections(max)
+            .connect_with(self.admin_options.clone())
+            .await
+            .expect("connect as admin")
     }
 
     pub async fn admin(&self, sql: &str) {

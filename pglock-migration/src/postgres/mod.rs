@@ -235,7 +235,9 @@ impl fmt::Debug for PostgresMigrationStore {
 #[async_trait]
 impl MigrationRepository for PostgresMigrationStore {
     async fn get_migration(&self, id: Uuid) -> Result<Option<Migration>> {
-        let sql = format!("SELECT {MIGRATION_COLUMNS} FROM {{migrations}} WHERE id = $1");
+        let sql = format!(
+            "SELECT {MIGRATION_COLUMNS} FROM {{migrations}} WHERE id OPERATOR(pg_catalog.=) $1"
+        );
         sqlx::query(self.tables.sql(&sql))
             .bind(id)
             .fetch_optional(&self.pool)
@@ -249,7 +251,7 @@ impl MigrationRepository for PostgresMigrationStore {
     async fn active_migration_for_tenant(&self, tenant_id: Uuid) -> Result<Option<Migration>> {
         let sql = format!(
             "SELECT {MIGRATION_COLUMNS} FROM {{migrations}} \
-             WHERE tenant_id = $1 AND phase NOT IN {TERMINAL}"
+             WHERE tenant_id OPERATOR(pg_catalog.=) $1 AND NOT ({TERMINAL})"
         );
         sqlx::query(self.tables.sql(&sql))
             .bind(tenant_id)
@@ -264,7 +266,7 @@ impl MigrationRepository for PostgresMigrationStore {
     async fn list_active_migrations(&self) -> Result<Vec<Migration>> {
         let sql = format!(
             "SELECT {MIGRATION_COLUMNS} FROM {{migrations}} \
-             WHERE phase NOT IN {TERMINAL} ORDER BY created_at, id"
+             WHERE NOT ({TERMINAL}) ORDER BY created_at, id"
         );
         sqlx::query(self.tables.sql(&sql))
             .fetch_all(&self.pool)
@@ -338,7 +340,7 @@ impl AuditLog for PostgresMigrationStore {
         sqlx::query(self.tables.sql(
             "SELECT id, migration_id, tenant_id, event_type, from_phase, to_phase, message, \
              cutover_attempt, fencing_token, events_synced, duration_ms, occurred_at \
-             FROM {audit} WHERE migration_id = $1 ORDER BY id",
+             FROM {audit} WHERE migration_id OPERATOR(pg_catalog.=) $1 ORDER BY id",
         ))
         .bind(migration_id)
         .fetch_all(&self.pool)

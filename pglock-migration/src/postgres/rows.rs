@@ -114,7 +114,7 @@ pub(super) fn audit_from_row(row: &PgRow) -> Result<AuditEntry> {
 
 /// The server's clock, which stamps every change, so timestamps of all processes compare.
 pub(super) async fn server_now(conn: &mut PgConnection) -> Result<DateTime<Utc>> {
-    sqlx::query_scalar("SELECT clock_timestamp()")
+    sqlx::query_scalar("SELECT pg_catalog.clock_timestamp()")
         .fetch_one(conn)
         .await
         .map_err(storage("read the server's clock"))
@@ -126,7 +126,9 @@ pub(super) async fn fetch_routing(
     conn: &mut PgConnection,
     tenant_id: Uuid,
 ) -> Result<Option<TenantRouting>> {
-    let sql = format!("SELECT {ROUTING_COLUMNS} FROM {{routing}} WHERE tenant_id = $1");
+    let sql = format!(
+        "SELECT {ROUTING_COLUMNS} FROM {{routing}} WHERE tenant_id OPERATOR(pg_catalog.=) $1"
+    );
     sqlx::query(tables.sql(&sql))
         .bind(tenant_id)
         .fetch_optional(conn)
@@ -144,8 +146,8 @@ pub(super) async fn lock_migration(
     id: Uuid,
 ) -> Result<(Migration, DateTime<Utc>)> {
     let sql = format!(
-        "SELECT {MIGRATION_COLUMNS}, clock_timestamp() AS now FROM {{migrations}} \
-         WHERE id = $1 FOR UPDATE"
+        "SELECT {MIGRATION_COLUMNS}, pg_catalog.clock_timestamp() AS now FROM {{migrations}} \
+         WHERE id OPERATOR(pg_catalog.=) $1 FOR UPDATE"
     );
     let row = sqlx::query(tables.sql(&sql))
         .bind(id)
@@ -166,8 +168,8 @@ pub(super) async fn lock_routing(
     tenant_id: Uuid,
 ) -> Result<Option<(TenantRouting, DateTime<Utc>)>> {
     let sql = format!(
-        "SELECT {ROUTING_COLUMNS}, clock_timestamp() AS now FROM {{routing}} \
-         WHERE tenant_id = $1 FOR UPDATE"
+        "SELECT {ROUTING_COLUMNS}, pg_catalog.clock_timestamp() AS now FROM {{routing}} \
+         WHERE tenant_id OPERATOR(pg_catalog.=) $1 FOR UPDATE"
     );
     let row = sqlx::query(tables.sql(&sql))
         .bind(tenant_id)
@@ -220,7 +222,7 @@ pub(super) async fn update_migration(
          last_source_position = $5, cutover_attempt = $6, is_paused = $7, paused_at = $8, \
          pause_reason = $9, error_count = $10, last_error = $11, last_error_at = $12, \
          updated_at = $13, bulk_copy_started_at = $14, dual_write_started_at = $15, \
-         cutover_started_at = $16, finished_at = $17 WHERE id = $1",
+         cutover_started_at = $16, finished_at = $17 WHERE id OPERATOR(pg_catalog.=) $1",
     ))
     .bind(m.id)
     .bind(m.phase.as_str())

@@ -79,64 +79,66 @@ fn quote_identifier(name: &str) -> Result<String> {
 
 pub(super) const DDL: &str = r#"
 CREATE TABLE IF NOT EXISTS {migrations} (
-    id uuid PRIMARY KEY,
-    tenant_id uuid NOT NULL,
-    source_store_id text NOT NULL,
-    target_store_id text NOT NULL,
-    phase text NOT NULL CHECK (phase IN
-        ('pending', 'bulk_copy', 'dual_write', 'cutover', 'completed', 'aborted', 'failed')),
-    cutover_timeout_ms integer NOT NULL CHECK (cutover_timeout_ms > 0),
-    max_lag_events bigint NOT NULL CHECK (max_lag_events >= 0),
-    batch_size integer NOT NULL CHECK (batch_size > 0),
+    id pg_catalog.uuid PRIMARY KEY,
+    tenant_id pg_catalog.uuid NOT NULL,
+    source_store_id pg_catalog.text NOT NULL,
+    target_store_id pg_catalog.text NOT NULL,
+    phase pg_catalog.text NOT NULL CHECK (phase OPERATOR(pg_catalog.=) ANY (ARRAY[
+        'pending', 'bulk_copy', 'dual_write', 'cutover', 'completed', 'aborted', 'failed'
+        ]::pg_catalog.text[])),
+    cutover_timeout_ms integer NOT NULL CHECK (cutover_timeout_ms OPERATOR(pg_catalog.>) 0),
+    max_lag_events bigint NOT NULL CHECK (max_lag_events OPERATOR(pg_catalog.>=) 0),
+    batch_size integer NOT NULL CHECK (batch_size OPERATOR(pg_catalog.>) 0),
     events_total bigint,
     events_copied bigint NOT NULL DEFAULT 0,
     last_source_position bigint,
-    cutover_attempt uuid,
+    cutover_attempt pg_catalog.uuid,
     is_paused boolean NOT NULL DEFAULT false,
-    paused_at timestamptz,
-    pause_reason text,
+    paused_at timestamp with time zone,
+    pause_reason pg_catalog.text,
     error_count integer NOT NULL DEFAULT 0,
-    last_error text,
-    last_error_at timestamptz,
-    created_by text,
-    created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-    updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-    bulk_copy_started_at timestamptz,
-    dual_write_started_at timestamptz,
-    cutover_started_at timestamptz,
-    finished_at timestamptz,
-    CHECK ((phase = 'cutover') = (cutover_attempt IS NOT NULL))
+    last_error pg_catalog.text,
+    last_error_at timestamp with time zone,
+    created_by pg_catalog.text,
+    created_at timestamp with time zone NOT NULL DEFAULT pg_catalog.clock_timestamp(),
+    updated_at timestamp with time zone NOT NULL DEFAULT pg_catalog.clock_timestamp(),
+    bulk_copy_started_at timestamp with time zone,
+    dual_write_started_at timestamp with time zone,
+    cutover_started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    CHECK ((phase OPERATOR(pg_catalog.=) 'cutover') OPERATOR(pg_catalog.=) (cutover_attempt IS NOT NULL))
 );
 CREATE UNIQUE INDEX IF NOT EXISTS pglock_tenant_migrations_one_active
     ON {migrations} (tenant_id)
-    WHERE phase NOT IN ('completed', 'aborted', 'failed');
+    WHERE NOT (phase OPERATOR(pg_catalog.=) ANY (ARRAY['completed', 'aborted', 'failed']::pg_catalog.text[]));
 CREATE TABLE IF NOT EXISTS {routing} (
-    tenant_id uuid PRIMARY KEY,
-    store_id text NOT NULL,
-    target_store_id text,
-    migration_state text NOT NULL CHECK (migration_state IN
-        ('normal', 'bulk_copy', 'dual_write', 'cutover_paused', 'migrated')),
-    active_migration_id uuid REFERENCES {migrations} (id) ON DELETE SET NULL,
+    tenant_id pg_catalog.uuid PRIMARY KEY,
+    store_id pg_catalog.text NOT NULL,
+    target_store_id pg_catalog.text,
+    migration_state pg_catalog.text NOT NULL CHECK (migration_state OPERATOR(pg_catalog.=) ANY (ARRAY[
+        'normal', 'bulk_copy', 'dual_write', 'cutover_paused', 'migrated'
+        ]::pg_catalog.text[])),
+    active_migration_id pg_catalog.uuid REFERENCES {migrations} (id) ON DELETE SET NULL,
     fence bigint NOT NULL DEFAULT 0,
-    created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-    updated_at timestamptz NOT NULL DEFAULT clock_timestamp()
+    created_at timestamp with time zone NOT NULL DEFAULT pg_catalog.clock_timestamp(),
+    updated_at timestamp with time zone NOT NULL DEFAULT pg_catalog.clock_timestamp()
 );
 CREATE TABLE IF NOT EXISTS {audit} (
     id bigserial PRIMARY KEY,
-    migration_id uuid NOT NULL REFERENCES {migrations} (id) ON DELETE CASCADE,
-    tenant_id uuid NOT NULL,
-    event_type text NOT NULL CHECK (event_type IN
-        ('migration_started', 'phase_changed', 'migration_paused', 'migration_resumed',
-         'migration_aborted', 'migration_failed', 'cutover_initiated', 'cutover_completed',
-         'cutover_rolled_back')),
-    from_phase text,
-    to_phase text,
-    message text,
-    cutover_attempt uuid,
+    migration_id pg_catalog.uuid NOT NULL REFERENCES {migrations} (id) ON DELETE CASCADE,
+    tenant_id pg_catalog.uuid NOT NULL,
+    event_type pg_catalog.text NOT NULL CHECK (event_type OPERATOR(pg_catalog.=) ANY (ARRAY[
+        'migration_started', 'phase_changed', 'migration_paused', 'migration_resumed',
+        'migration_aborted', 'migration_failed', 'cutover_initiated', 'cutover_completed',
+        'cutover_rolled_back']::pg_catalog.text[])),
+    from_phase pg_catalog.text,
+    to_phase pg_catalog.text,
+    message pg_catalog.text,
+    cutover_attempt pg_catalog.uuid,
     fencing_token bigint,
     events_synced bigint,
     duration_ms double precision,
-    occurred_at timestamptz NOT NULL DEFAULT clock_timestamp()
+    occurred_at timestamp with time zone NOT NULL DEFAULT pg_catalog.clock_timestamp()
 );
 CREATE INDEX IF NOT EXISTS pglock_migration_audit_log_by_migration
     ON {audit} (migration_id, id);
@@ -146,15 +148,21 @@ CREATE INDEX IF NOT EXISTS pglock_migration_audit_log_by_migration
 /// does it exist, and does the role hold the privilege; then, whether the role may create
 /// what is missing: tables in the schema (`$4`, or the first of its `search_path`), or the
 /// schema itself in the database when it does not exist yet. One round trip.
-pub(super) const ACCESS: &str = "SELECT n.kind, n.name, n.privilege, to_regclass(n.name) IS NOT NULL, \
-     coalesce(CASE n.kind WHEN 'sequence' THEN has_sequence_privilege(to_regclass(n.name), n.privilege) \
-       ELSE has_table_privilege(to_regclass(n.name), n.privilege) END, false), \
-     CASE WHEN EXISTS (SELECT FROM pg_namespace WHERE nspname = s.name) \
-       THEN has_schema_privilege(s.name, 'CREATE') \
-       ELSE has_database_privilege(current_database(), 'CREATE') END, \
+pub(super) const ACCESS: &str = "SELECT n.kind, n.name, n.privilege, \
+     pg_catalog.to_regclass(n.name) IS NOT NULL, \
+     coalesce(CASE WHEN n.kind OPERATOR(pg_catalog.=) 'sequence' \
+       THEN pg_catalog.has_sequence_privilege(pg_catalog.to_regclass(n.name), n.privilege) \
+       ELSE pg_catalog.has_table_privilege(pg_catalog.to_regclass(n.name), n.privilege) END, \
+       false), \
+     CASE WHEN EXISTS (SELECT FROM pg_catalog.pg_namespace \
+         WHERE nspname OPERATOR(pg_catalog.=) s.name) \
+       THEN pg_catalog.has_schema_privilege(s.name, 'CREATE') \
+       ELSE pg_catalog.has_database_privilege(pg_catalog.current_database(), 'CREATE') END, \
      coalesce(s.name, '') \
-     FROM unnest($1::text[], $2::text[], $3::text[]) AS n(kind, name, privilege), \
-       (SELECT coalesce($4, current_schema()) AS name) AS s";
+     FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), \
+       pg_catalog.unnest($2::pg_catalog.text[]), pg_catalog.unnest($3::pg_catalog.text[])) \
+       AS n(kind, name, privilege), \
+       (SELECT coalesce($4::pg_catalog.text, pg_catalog.current_schema()::pg_catalog.text) AS name) AS s";
 
 /// The key of the advisory lock that serialises schema setup across processes: concurrent
 /// `CREATE ... IF NOT EXISTS` of one table can otherwise fail on the catalog's unique indexes.
@@ -172,5 +180,7 @@ pub(super) const MIGRATION_COLUMNS: &str = "id, tenant_id, source_store_id, targ
 pub(super) const ROUTING_COLUMNS: &str = "tenant_id, store_id, target_store_id, migration_state, \
     active_migration_id, fence, updated_at";
 
-/// The terminal phases, as an SQL list.
-pub(super) const TERMINAL: &str = "('completed', 'aborted', 'failed')";
+/// `phase` is one of the terminal phases (an SQL condition, named so a `search_path` cannot
+/// redirect it).
+pub(super) const TERMINAL: &str = "phase OPERATOR(pg_catalog.=) \
+    ANY (ARRAY['completed', 'aborted', 'failed']::pg_catalog.text[])";

@@ -39,6 +39,7 @@
 //! yours built on separate connection pools of one database:
 //!
 //! ```
+//! # #![allow(unused_imports)] // the generated tests build only under `cfg(test)`
 //! mod peers {
 //!     use pglock::{InMemoryLockManager, InMemoryLockServer};
 //!     use pglock_testing::conformance::Peers;

@@ -229,6 +229,7 @@ macro_rules! __conformance_take_away_case_names {
 /// invocation in a module of its own:
 ///
 /// ```
+/// # #![allow(unused_imports)] // the generated tests build only under `cfg(test)`
 /// mod in_memory_peers {
 ///     use pglock::{InMemoryLockManager, InMemoryLockServer};
 ///     use pglock_testing::conformance::Peers;
@@ -311,6 +312,7 @@ where
 ///         assert_eq!(ended, 1, "one session held {key}");
 ///     }
 /// });
+/// # drop(peers);
 /// # }
 /// ```
 ///
@@ -321,13 +323,16 @@ pub async fn terminate_holders(pool: &sqlx::PgPool, key: &LockKey) -> sqlx::Resu
     let target = key.target();
     let (classid, objid) = pglock::split_lock_id(target.packed());
     sqlx::query_scalar(
-        "SELECT count(*) FROM (
-             SELECT pg_terminate_backend(pid) AS ended
-             FROM pg_locks
-             WHERE locktype = 'advisory' AND granted
-               AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-               AND classid::bigint = $1 AND objid::bigint = $2 AND objsubid = $3
-               AND pid <> pg_backend_pid()
+        "SELECT pg_catalog.count(*) FROM (
+             SELECT pg_catalog.pg_terminate_backend(pid) AS ended
+             FROM pg_catalog.pg_locks
+             WHERE locktype OPERATOR(pg_catalog.=) 'advisory' AND granted
+               AND database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database
+                 WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+               AND classid::bigint OPERATOR(pg_catalog.=) $1
+               AND objid::bigint OPERATOR(pg_catalog.=) $2
+               AND objsubid OPERATOR(pg_catalog.=) $3
+               AND pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()
          ) AS holders
          WHERE ended",
     )

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::{Instant, timeout};
 
-use super::world::{Believing, World};
+use super::world::{Believing, Op, World};
 use crate::{Attempt, Error, LockGuard, LockKey, LockManager, LockManagerExt, LockMode};
 
 /// One caller: `OPS` operations on its manager `m`.
@@ -42,7 +42,7 @@ async fn acquire(world: &Arc<World>, m: usize, who: &str) {
     let key = world.key();
     let mode = world.mode();
     let timeout = world.timeout();
-    let Some(guard) = wait_for(world, m, who, &key, mode, timeout).await else {
+    let Some(guard) = wait_for(world, m, who, &key, mode, timeout, false).await else {
         return;
     };
     let believing = world.believe(who, guard.info(), guard.loss_signal(), false);
@@ -58,6 +58,7 @@ async fn wait_for(
     key: &LockKey,
     mode: LockMode,
     timeout: Option<Duration>,
+    nested: bool,
 ) -> Option<LockGuard> {
     let manager = world.manager(m);
     let started = Instant::now();
@@ -71,7 +72,8 @@ async fn wait_for(
     match result {
         Ok(guard) => Some(guard),
         Err(err) => {
-            world.expect_error(&what, &err);
+            let deadline = timeout.is_some();
+            world.expect_error(&what, &err, Op::Acquire { deadline, nested });
             None
         }
     }
@@ -96,7 +98,7 @@ async fn try_acquire(world: &Arc<World>, m: usize, who: &str) {
         Ok(_busy) => world.note(format_args!("{what} -> busy")),
         Err(err) => {
             world.note(format_args!("{what} -> {err}"));
-            world.expect_error(&what, &err);
+            world.expect_error(&what, &err, Op::Try);
         }
     }
 }
@@ -106,7 +108,7 @@ async fn try_acquire(world: &Arc<World>, m: usize, who: &str) {
 async fn section(world: &Arc<World>, m: usize, who: &str) {
     let key = world.key();
     let mode = world.mode();
-    let Some(guard) = wait_for(world, m, who, &key, mode, world.timeout()).await else {
+    let Some(guard) = wait_for(world, m, who, &key, mode, world.timeout(), false).await else {
         return;
     };
     let believing = world.believe(who, guard.info(), guard.loss_signal(), false);
@@ -127,7 +129,7 @@ async fn section(world: &Arc<World>, m: usize, who: &str) {
         if inner == key {
             return;
         }
-        if let Some(nested) = wait_for(world, m, who, &inner, world.mode(), timeout).await {
+        if let Some(nested) = wait_for(world, m, who, &inner, world.mode(), timeout, true).await {
             let believing = world.believe(who, nested.info(), nested.loss_signal(), false);
             world.work().await;
             let_go(world, m, who, nested, believing).await;
@@ -136,7 +138,7 @@ async fn section(world: &Arc<World>, m: usize, who: &str) {
     let ran = guard.run(body).await;
     world.note(format_args!("{who} section {key} -> {}", outcome(&ran)));
     if let Err(err) = &ran {
-        world.expect_error(&format!("{who} section {key}"), err);
+        world.expect_error(&format!("{who} section {key}"), err, Op::Section);
     }
     let_go(world, m, who, guard, believing).await;
 }
@@ -157,7 +159,10 @@ async fn several(world: &Arc<World>, m: usize, who: &str) {
     world.note(format_args!("{what} -> {}", outcome(&result)));
     let set = match result {
         Ok(set) => set,
-        Err(err) => return world.expect_error(&what, &err),
+        Err(err) => {
+            let deadline = timeout.is_some();
+            return world.expect_error(&what, &err, Op::AcquireAll { deadline });
+        }
     };
     let believing: Vec<Believing> = set
         .info()
@@ -169,7 +174,7 @@ async fn several(world: &Arc<World>, m: usize, who: &str) {
     if world.rng.chance(500) {
         drop(set);
     } else if let Err(err) = set.release().await {
-        world.expect_error(&format!("{who} release set"), &err);
+        world.expect_error(&format!("{who} release set"), &err, Op::Release);
     }
 }
 
@@ -177,7 +182,7 @@ async fn release_all(world: &Arc<World>, m: usize, who: &str) {
     let released = world.manager(m).release_all().await;
     world.note(format_args!("{who} release_all -> {}", outcome(&released)));
     if let Err(err) = released {
-        world.expect_error(&format!("{who} release_all"), &err);
+        world.expect_error(&format!("{who} release_all"), &err, Op::ReleaseAll);
     }
 }
 
@@ -195,7 +200,7 @@ async fn let_go(world: &Arc<World>, m: usize, who: &str, guard: LockGuard, belie
             ));
             match released {
                 Ok(()) => world.check_confirmed(who, &key, ended),
-                Err(err) => world.expect_error(&format!("{who} release {key}"), &err),
+                Err(err) => world.expect_error(&format!("{who} release {key}"), &err, Op::Release),
             }
         }
         1 => {
@@ -217,7 +222,9 @@ async fn let_go(world: &Arc<World>, m: usize, who: &str, guard: LockGuard, belie
             ));
             match released {
                 Ok(()) => world.check_confirmed(who, &key, ended),
-                Err(err) => world.expect_error(&format!("{who} release({key})"), &err),
+                Err(err) => {
+                    world.expect_error(&format!("{who} release({key})"), &err, Op::ReleaseKey)
+                }
             }
         }
     }

@@ -72,6 +72,29 @@ impl std::fmt::Debug for Core<SimBackend> {
     }
 }
 
+/// What a caller asked for, which decides the errors it may meet.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Op {
+    /// A wait for one key, with a deadline or not, inside a section or not.
+    Acquire {
+        deadline: bool,
+        nested: bool,
+    },
+    /// One attempt.
+    Try,
+    /// Several keys, all or nothing.
+    AcquireAll {
+        deadline: bool,
+    },
+    /// A section's body run under its guard.
+    Section,
+    /// A guard's or a set's release.
+    Release,
+    /// `release(key)` after a leak.
+    ReleaseKey,
+    ReleaseAll,
+}
+
 /// What a caller believes it holds, from the acquisition's return until it lets go.
 pub(super) struct Belief {
     pub(super) who: String,
@@ -228,6 +251,9 @@ impl World {
         if let Some(lines) = &mut trace.lines {
             lines.push(text);
         }
+        drop(trace);
+        // Every traced step is checked as it happens, not only on the clock's ticks.
+        self.check();
     }
 
     pub(crate) fn manager(&self, m: usize) -> &SimManager {
@@ -293,9 +319,13 @@ impl World {
             active: true,
             since: Instant::now(),
         });
+        let index = beliefs.len() - 1;
+        drop(beliefs);
+        // A belief is checked the moment it begins, so a hold of no time at all is looked at.
+        self.check();
         Believing {
             world: Arc::clone(self),
-            index: beliefs.len() - 1,
+            index,
         }
     }
 
@@ -372,20 +402,35 @@ impl World {
         self.slack
     }
 
-    /// Errors a caller may meet in this world; anything else is a violation.
-    pub(crate) fn expect_error(&self, what: &str, err: &Error) {
-        let expected = matches!(
-            err,
-            Error::Timeout { .. }
-                | Error::Connection { .. }
-                | Error::ReleaseFailed { .. }
-                | Error::LockLost { .. }
-                | Error::NotHeld { .. }
-                | Error::BudgetExhausted { .. }
-                | Error::Deadlock { .. }
-        );
+    /// Errors a caller of `op` may meet in this world, derived from what it asked for;
+    /// anything else is a violation.
+    pub(crate) fn expect_error(&self, what: &str, err: &Error, op: Op) {
+        let expected = match err {
+            // Injected failures and lost replies can fail any call that reaches the server.
+            Error::Connection { .. } => true,
+            // Only a wait with a deadline times out; a try makes one attempt and says busy.
+            Error::Timeout { .. } => matches!(
+                op,
+                Op::Acquire { deadline: true, .. } | Op::AcquireAll { deadline: true }
+            ),
+            // A wait inside a section may close a cycle with another caller's section.
+            Error::Deadlock { .. } => matches!(op, Op::Acquire { nested: true, .. }),
+            // Places are taken by every acquisition; gone when the budget is full.
+            Error::BudgetExhausted { .. } => !matches!(op, Op::Release | Op::ReleaseAll),
+            // Only a release by key asks about a lock another exit may have let go.
+            Error::NotHeld { .. } => matches!(op, Op::ReleaseKey),
+            // A release's unlock can fail or find the lock gone with its session.
+            Error::ReleaseFailed { .. } => {
+                matches!(
+                    op,
+                    Op::Release | Op::ReleaseKey | Op::ReleaseAll | Op::AcquireAll { .. }
+                )
+            }
+            Error::LockLost { .. } => matches!(op, Op::Release | Op::ReleaseKey | Op::Section),
+            _ => false,
+        };
         if !expected {
-            self.violate(format!("{what}: unexpected error {err:?}"));
+            self.violate(format!("{what}: {err:?} cannot answer {op:?}"));
         }
     }
 

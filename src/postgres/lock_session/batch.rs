@@ -22,17 +22,21 @@ const MAX_BATCH: usize = 256;
 
 /// Tries, in order: NULL for every row on another server session than the one set up (a
 /// transaction pooler), as for a single try.
-const TRY_BATCH: &str = "SELECT CASE WHEN pg_backend_pid() = $1 THEN CASE WHEN t.s \
-     THEN pg_try_advisory_lock_shared(t.id) ELSE pg_try_advisory_lock(t.id) END END \
-     FROM unnest($2::int8[], $3::bool[]) WITH ORDINALITY AS t(id, s, i) ORDER BY t.i";
+const TRY_BATCH: &str = "SELECT CASE WHEN pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.=) $1 \
+     THEN CASE WHEN t.s THEN pg_catalog.pg_try_advisory_lock_shared(t.id) \
+     ELSE pg_catalog.pg_try_advisory_lock(t.id) END END \
+     FROM ROWS FROM (pg_catalog.unnest($2::bigint[]), pg_catalog.unnest($3::boolean[])) WITH ORDINALITY AS t(id, s, i) \
+     ORDER BY t.i";
 
 /// Unlocks, in order, as [`TRY_BATCH`], each notifying its lock's waiters as a single unlock
 /// does (see `statements::notify_column`).
 static UNLOCK_BATCH: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "WITH u AS MATERIALIZED (SELECT t.i, t.id, CASE WHEN pg_backend_pid() = $1 THEN \
-         CASE WHEN t.s THEN pg_advisory_unlock_shared(t.id) ELSE pg_advisory_unlock(t.id) END \
-         END AS ok FROM unnest($2::int8[], $3::bool[]) WITH ORDINALITY AS t(id, s, i)) \
+        "WITH u AS MATERIALIZED (SELECT t.i, t.id, CASE WHEN \
+         pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.=) $1 THEN CASE WHEN t.s \
+         THEN pg_catalog.pg_advisory_unlock_shared(t.id) ELSE pg_catalog.pg_advisory_unlock(t.id) \
+         END END AS ok \
+         FROM ROWS FROM (pg_catalog.unnest($2::bigint[]), pg_catalog.unnest($3::boolean[])) WITH ORDINALITY AS t(id, s, i)) \
          SELECT u.ok, {} FROM u ORDER BY u.i",
         notify_column("u.ok", "u.id")
     )

@@ -114,7 +114,7 @@ impl Link {
         if shared.context.statements.mint().is_some() {
             return self.mint(shared, target).await;
         }
-        let query = sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()");
+        let query = sqlx::query_scalar::<_, i32>("SELECT pg_catalog.pg_backend_pid()");
         let (sent, answer) = {
             let statement = pin!(query.fetch_one(self.conn.conn()));
             exchange(&mut self.watchdog, shared, statement).await
