@@ -160,7 +160,8 @@ struct LockArgs {
         long = "pair",
         value_name = "A,B",
         conflicts_with_all = ["key", "lock_id"],
-        allow_negative_numbers = true,
+        // "-2,5" is no number, so `allow_negative_numbers` would read it as a flag.
+        allow_hyphen_values = true,
         value_parser = parse_pair
     )]
     pair: Option<(i32, i32)>,

@@ -194,8 +194,9 @@ async fn holders_shows_the_holder_and_its_waiters() {
 async fn holders_shows_two_integer_keys_by_pair() {
     let app = app_name("cli-pair");
     let holder = common::manager_for(common::pool_named(2, &app).await, &app).build();
-    // A pair of its own, and a bigint lock with the same halves, which is another lock.
-    let (a, b) = (random_i32(), random_i32());
+    // A pair of its own, and a bigint lock with the same halves, which is another lock. The
+    // first half negative: `--pair -5,7` is a value, not a flag.
+    let (a, b) = (-(random_i32() & 0x3fff_ffff) - 1, random_i32());
     let pair = pglock::LockKey::pair(a, b);
     let guard = holder.acquire(pair, None).await.expect("acquire the pair");
     let (pair_arg, twin) = (

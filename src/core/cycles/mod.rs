@@ -467,10 +467,19 @@ mod tests {
             .expect("the chain is broken");
     }
 
-    /// Two managers, each with one wait inside a section: `first` holds `a` and wants `b`,
-    /// `second` (younger) holds `b` and wants `a`. The probes are carried by hand.
-    fn two_managers() -> (Waits, Waits) {
-        (Waits::default(), Waits::default())
+    /// Two managers' waits inside sections, crossed: `first`'s holds `a` and wants `b`,
+    /// `second`'s (the younger) holds `b` and wants `a`. The probes are carried by hand.
+    fn crossed<'w>(first: &'w Waits, second: &'w Waits) -> (Registered<'w>, Registered<'w>) {
+        let (a, b) = (LockKey::from("a"), LockKey::from("b"));
+        let one = first
+            .register(&b, LockMode::Exclusive, held(&["a"]))
+            .expect("no cycle within one manager");
+        let two = second
+            .register(&a, LockMode::Exclusive, held(&["b"]))
+            .expect("no cycle within one manager");
+        started_at(first, one.id, 1_000);
+        started_at(second, two.id, 2_000);
+        (one, two)
     }
 
     /// Makes the wait `id` of `waits` start at `us` on the wall clock, so which wait is the
@@ -509,16 +518,8 @@ mod tests {
 
     #[test]
     fn a_cycle_across_managers_is_confirmed_by_a_second_round_through_the_same_waits() {
-        let (first, second) = two_managers();
-        let (a, b) = (LockKey::from("a"), LockKey::from("b"));
-        let one = first
-            .register(&b, LockMode::Exclusive, held(&["a"]))
-            .expect("no cycle within one manager");
-        let two = second
-            .register(&a, LockMode::Exclusive, held(&["b"]))
-            .expect("no cycle within one manager");
-        started_at(&first, one.id, 1_000);
-        started_at(&second, two.id, 2_000);
+        let (first, second) = (Waits::default(), Waits::default());
+        let (one, two) = crossed(&first, &second);
 
         // The older wait's probe goes round, but it is not the older wait's to break.
         let older = first
@@ -552,7 +553,8 @@ mod tests {
 
         second.settle(cycle, true);
         let told = crate::sync::lock(&two.abort.cycle).take();
-        assert_eq!(told, Some(vec![a.clone(), b.clone()]));
+        let (a, b) = (LockKey::from("a"), LockKey::from("b"));
+        assert_eq!(told, Some(vec![a, b]));
         assert!(
             crate::sync::lock(&one.abort.cycle).is_none(),
             "the older wait goes on"
@@ -561,16 +563,8 @@ mod tests {
 
     #[test]
     fn a_near_cycle_that_dissolves_between_the_two_rounds_is_not_a_cycle() {
-        let (first, second) = two_managers();
-        let (a, b) = (LockKey::from("a"), LockKey::from("b"));
-        let one = first
-            .register(&b, LockMode::Exclusive, held(&["a"]))
-            .expect("no cycle");
-        let two = second
-            .register(&a, LockMode::Exclusive, held(&["b"]))
-            .expect("no cycle");
-        started_at(&first, one.id, 1_000);
-        started_at(&second, two.id, 2_000);
+        let (first, second) = (Waits::default(), Waits::default());
+        let (one, two) = crossed(&first, &second);
         let probe = second.due_probes(Duration::ZERO).pop().expect("due");
         let (confirm, again) = round(probe, &first, &second);
         assert!(confirm.is_empty());
@@ -579,7 +573,7 @@ mod tests {
         // the second round goes through a different wait, so it is a first round again.
         drop(one);
         let other = first
-            .register(&b, LockMode::Exclusive, held(&["a"]))
+            .register(&LockKey::from("b"), LockMode::Exclusive, held(&["a"]))
             .expect("no cycle");
         started_at(&first, other.id, 1_500);
         let again = again.into_iter().next().expect("a second round asked for");

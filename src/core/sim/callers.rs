@@ -74,6 +74,9 @@ async fn wait_for(
         Err(err) => {
             let deadline = timeout.is_some();
             world.expect_error(&what, &err, Op::Acquire { deadline, nested });
+            if matches!(err, Error::Deadlock { .. }) {
+                world.check_deadlock(&what, who);
+            }
             None
         }
     }
@@ -129,7 +132,12 @@ async fn section(world: &Arc<World>, m: usize, who: &str) {
         if inner == key {
             return;
         }
-        if let Some(nested) = wait_for(world, m, who, &inner, world.mode(), timeout, true).await {
+        let inner_mode = world.mode();
+        let waiting =
+            world.waiting_in_section(who, m, (key.clone(), mode), (inner.clone(), inner_mode));
+        let nested = wait_for(world, m, who, &inner, inner_mode, timeout, true).await;
+        drop(waiting);
+        if let Some(nested) = nested {
             let believing = world.believe(who, nested.info(), nested.loss_signal(), false);
             world.work().await;
             let_go(world, m, who, nested, believing).await;

@@ -110,6 +110,27 @@ pub(super) struct Belief {
     pub(super) since: Instant,
 }
 
+/// A caller waiting for a key inside its section on another, as the world sees it: from just
+/// before the wait is asked until it returns (a superset of what the engine registers).
+struct SectionWait {
+    who: String,
+    manager: usize,
+    holding: (LockKey, LockMode),
+    wants: (LockKey, LockMode),
+}
+
+/// Ends a section's wait, as the world sees it, when dropped (also when cancelled).
+pub(crate) struct WaitingInSection {
+    world: Arc<World>,
+    who: String,
+}
+
+impl Drop for WaitingInSection {
+    fn drop(&mut self) {
+        crate::sync::lock(&self.world.section_waits).retain(|w| w.who != self.who);
+    }
+}
+
 /// Ends a belief when dropped: the caller let go, or was cancelled.
 pub(crate) struct Believing {
     world: Arc<World>,
@@ -129,6 +150,8 @@ pub(crate) struct World {
     pub(super) beliefs: Mutex<Vec<Belief>>,
     /// Keys a caller leaked into a manager's registry and has not released yet.
     leaked: Mutex<Vec<(usize, LockKey)>>,
+    /// Callers waiting inside sections, to judge a `Deadlock` against.
+    section_waits: Mutex<Vec<SectionWait>>,
     violation: Mutex<Option<String>>,
     trace: Mutex<Trace>,
     started: Instant,
@@ -177,6 +200,7 @@ impl World {
             managers,
             beliefs: Mutex::default(),
             leaked: Mutex::default(),
+            section_waits: Mutex::default(),
             violation: Mutex::default(),
             trace: Mutex::new(Trace {
                 hash: 0xcbf2_9ce4_8422_2325,
@@ -400,6 +424,62 @@ impl World {
 
     pub(crate) fn slack(&self) -> Duration {
         self.slack
+    }
+
+    /// Records that `who`, of manager `m`, waits for `wants` inside its section on `holding`,
+    /// until the returned value drops.
+    pub(crate) fn waiting_in_section(
+        self: &Arc<Self>,
+        who: &str,
+        manager: usize,
+        holding: (LockKey, LockMode),
+        wants: (LockKey, LockMode),
+    ) -> WaitingInSection {
+        crate::sync::lock(&self.section_waits).push(SectionWait {
+            who: who.to_owned(),
+            manager,
+            holding,
+            wants,
+        });
+        WaitingInSection {
+            world: Arc::clone(self),
+            who: who.to_owned(),
+        }
+    }
+
+    /// A `Deadlock` told to `who`, waiting inside a section: there must be a cycle among the
+    /// section waits of its manager right now, from what it wants back to what it holds.
+    pub(crate) fn check_deadlock(&self, what: &str, who: &str) {
+        let waits = crate::sync::lock(&self.section_waits);
+        let Some(victim) = waits.iter().find(|w| w.who == who) else {
+            return self.violate(format!("{what}: a Deadlock outside any section's wait"));
+        };
+        let conflicts = |wanted: LockMode, held: LockMode| {
+            wanted == LockMode::Exclusive || held == LockMode::Exclusive
+        };
+        let blocks = |wait: &SectionWait, (key, mode): &(LockKey, LockMode)| {
+            wait.holding.0 == *key && conflicts(*mode, wait.holding.1)
+        };
+        let mut frontier = vec![&victim.wants];
+        let mut seen = vec![victim.who.as_str()];
+        while let Some(wanted) = frontier.pop() {
+            if blocks(victim, wanted) && !std::ptr::eq(wanted, &victim.wants) {
+                return;
+            }
+            for wait in waits.iter().filter(|w| w.manager == victim.manager) {
+                if !seen.contains(&wait.who.as_str()) && blocks(wait, wanted) {
+                    seen.push(wait.who.as_str());
+                    frontier.push(&wait.wants);
+                }
+            }
+        }
+        self.violate(format!(
+            "{what}: Deadlock, but no cycle among the section waits: {:?}",
+            waits
+                .iter()
+                .map(|w| format!("{} holds {} wants {}", w.who, w.holding.0, w.wants.0))
+                .collect::<Vec<_>>()
+        ));
     }
 
     /// Errors a caller of `op` may meet in this world, derived from what it asked for;
